@@ -2,9 +2,13 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "lookup/lookup_tree.h"
 #include "lookup/prompt_lookup.h"
 
 namespace py = pybind11;
@@ -62,6 +66,102 @@ py::tuple propose_chain_batch(I32Array token_ids, I64Array rows, I64Array length
   return py::make_tuple(drafts, counts);
 }
 
+// Strict variants (no forcecast): a wrong dtype is a TypeError, never a silent copy or a cast.
+using I32Strict = py::array_t<int32_t, py::array::c_style>;
+using I64Strict = py::array_t<int64_t, py::array::c_style>;
+
+// Hands a vector's buffer to numpy without copying (the capsule frees it with the array).
+template <class T>
+py::array_t<T> to_numpy(std::vector<T>&& v) {
+  auto* owned = new std::vector<T>(std::move(v));
+  py::capsule free_when_done(owned, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+  return py::array_t<T>(static_cast<py::ssize_t>(owned->size()), owned->data(), free_when_done);
+}
+
+void check_tree_args(const I32Strict& token_ids, const I64Strict& rows, const I64Strict& lengths,
+                     const I64Strict& budgets, int min_n, int max_n, int max_matches,
+                     int max_depth) {
+  if (min_n < 1 || max_n < min_n)
+    throw std::invalid_argument("lookup trees need 1 <= min_ngram <= max_ngram, got min_ngram=" +
+                                std::to_string(min_n) + " max_ngram=" + std::to_string(max_n));
+  if (max_matches < 1 || max_depth < 1)
+    throw std::invalid_argument("lookup trees need max_matches >= 1 and max_depth >= 1, got " +
+                                std::to_string(max_matches) + " and " + std::to_string(max_depth));
+  if (token_ids.ndim() != 2) throw std::invalid_argument("token_ids must be 2-D [rows, max_len]");
+  if (rows.ndim() != 1 || lengths.ndim() != 1 || budgets.ndim() != 1 ||
+      lengths.size() != rows.size() || budgets.size() != rows.size())
+    throw std::invalid_argument("rows, lengths and budgets must be 1-D of the same length");
+  const int64_t num_rows = token_ids.shape(0), max_len = token_ids.shape(1);
+  for (py::ssize_t i = 0; i < rows.size(); ++i) {
+    const int64_t row = rows.data()[i], len = lengths.data()[i], budget = budgets.data()[i];
+    if (row < 0 || row >= num_rows)
+      throw std::out_of_range("request " + std::to_string(i) + ": row " + std::to_string(row) +
+                              " is out of range of token_ids with " + std::to_string(num_rows) +
+                              " rows");
+    if (len < 1 || len > max_len)
+      throw std::out_of_range("request " + std::to_string(i) + ": length " + std::to_string(len) +
+                              " is out of range 1.." + std::to_string(max_len));
+    if (budget < 0)
+      throw std::invalid_argument("request " + std::to_string(i) + ": budget " +
+                                  std::to_string(budget) + " is negative");
+  }
+}
+
+// Flat DraftTree arrays of a batch: each request's block is its root then its draft nodes.
+struct FlatTrees {
+  std::vector<int64_t> tokens, parents, depth, counts;
+  std::vector<int32_t> weight;
+  std::vector<float> logprob, score;
+
+  void add(int32_t root, int num_matches, const std::vector<treespec::lookup::TreeNode>& nodes) {
+    const size_t base = weight.size();  // index of this block's root
+    tokens.push_back(root), parents.push_back(-1), depth.push_back(0);
+    weight.push_back(num_matches), logprob.push_back(0.0f), score.push_back(0.0f);
+    for (const auto& node : nodes) {
+      const double w = node.weight;
+      tokens.push_back(node.token), parents.push_back(node.parent), depth.push_back(node.depth);
+      weight.push_back(node.weight);
+      logprob.push_back(static_cast<float>(std::log(w / weight[base + node.parent])));
+      score.push_back(static_cast<float>(std::log(w / num_matches)));
+    }
+    counts.push_back(static_cast<int64_t>(nodes.size()));
+  }
+};
+
+// Batched lookup trees straight from vLLM's token buffer ([max_reqs, max_len] int32): request i
+// uses the first lengths[i] tokens of row rows[i] and gets at most budgets[i] draft nodes.
+// Returns (tokens int64, parents int64, depth int64, weight int32, logprob float32,
+// score float32, counts int64[B]); request i's block holds counts[i] + 1 entries, root first,
+// laid out as DraftTree arrays (parents local to the block, -1 at the root). weight = matches
+// through the node (root: matches used); logprob = log(weight / parent weight), the empirical
+// continuation frequency; score = log(weight / root weight).
+py::tuple propose_tree_batch(const I32Strict& token_ids, const I64Strict& rows,
+                             const I64Strict& lengths, const I64Strict& budgets, int min_n,
+                             int max_n, int max_matches, int max_depth) {
+  check_tree_args(token_ids, rows, lengths, budgets, min_n, max_n, max_matches, max_depth);
+  const int64_t num = rows.size(), max_len = token_ids.shape(1);
+  const int32_t* base = token_ids.data();
+  const int64_t* row_ptr = rows.data();
+  const int64_t* len_ptr = lengths.data();
+  const int64_t* bud_ptr = budgets.data();
+  FlatTrees flat;
+  {
+    py::gil_scoped_release release;
+    std::vector<treespec::lookup::TreeNode> nodes;
+    for (int64_t i = 0; i < num; ++i) {
+      const int32_t* tokens = base + row_ptr[i] * max_len;
+      nodes.clear();
+      const int used = treespec::lookup::propose_tree(tokens, len_ptr[i], min_n, max_n,
+                                                      max_matches, max_depth, bud_ptr[i], &nodes);
+      flat.add(tokens[len_ptr[i] - 1], used, nodes);
+    }
+  }
+  return py::make_tuple(to_numpy(std::move(flat.tokens)), to_numpy(std::move(flat.parents)),
+                        to_numpy(std::move(flat.depth)), to_numpy(std::move(flat.weight)),
+                        to_numpy(std::move(flat.logprob)), to_numpy(std::move(flat.score)),
+                        to_numpy(std::move(flat.counts)));
+}
+
 py::list find_suffix_matches(I32Array tokens, int min_n, int max_n, int k, int max_matches) {
   check_lookup_params(min_n, max_n, k);
   if (tokens.ndim() != 1) throw std::invalid_argument("tokens must be 1-D");
@@ -90,6 +190,12 @@ PYBIND11_MODULE(_C, m) {
         py::arg("max_n"), py::arg("k"), py::arg("max_matches"),
         "Earlier occurrences of the longest suffix n-gram, best first: "
         "list of (continuation_start, match_len, continuation_len).");
+  m.def("propose_tree_batch", &propose_tree_batch, py::arg("token_ids"), py::arg("rows"),
+        py::arg("lengths"), py::arg("budgets"), py::arg("min_ngram"), py::arg("max_ngram"),
+        py::arg("max_matches"), py::arg("max_depth"),
+        "Prompt-lookup draft trees for several rows of a [rows, max_len] int32 token buffer: "
+        "(tokens, parents, depth, weight, logprob, score, counts), one root-first DraftTree "
+        "block of counts[i] + 1 entries per request.");
   treespec::tree::bind_tree(m);  // n-gram scorers, tree builders (csrc/tree/)
   register_ngram(m);
 }

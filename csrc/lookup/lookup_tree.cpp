@@ -1,0 +1,84 @@
+#include "lookup/lookup_tree.h"
+
+#include <algorithm>
+
+#include "lookup/prompt_lookup.h"
+
+namespace treespec::lookup {
+
+namespace {
+
+// Trie node; children form a singly linked list (siblings are few: at most max_matches).
+struct TrieNode {
+  int32_t token;
+  int32_t parent;
+  int32_t depth;
+  int32_t weight;
+  int32_t first_rank;  // rank of the first (best) match that reached this node
+  int32_t first_child = -1;
+  int32_t next_sibling = -1;
+};
+
+int32_t add_child(std::vector<TrieNode>* trie, int32_t parent, int32_t token, int32_t rank) {
+  auto& t = *trie;
+  const int32_t id = static_cast<int32_t>(t.size());
+  t.push_back({token, parent, t[parent].depth + 1, 1, rank, -1, t[parent].first_child});
+  t[parent].first_child = id;
+  return id;
+}
+
+// Walks (and extends) the trie along one continuation, counting the match on every node.
+void insert(std::vector<TrieNode>* trie, const int32_t* cont, int32_t len, int32_t rank) {
+  auto& t = *trie;
+  int32_t cur = 0;
+  ++t[0].weight;
+  int32_t i = 0;
+  for (; i < len; ++i) {
+    int32_t c = t[cur].first_child;
+    while (c >= 0 && t[c].token != cont[i]) c = t[c].next_sibling;
+    if (c < 0) break;
+    ++t[c].weight;
+    cur = c;
+  }
+  for (; i < len; ++i) cur = add_child(trie, cur, cont[i], rank);  // fresh nodes: no search
+}
+
+}  // namespace
+
+int propose_tree(const int32_t* tokens, int64_t n, int min_n, int max_n, int max_matches,
+                 int max_depth, int64_t budget, std::vector<TreeNode>* out) {
+  if (budget <= 0 || max_depth < 1) return 0;
+  const auto matches = find_suffix_matches(tokens, n, min_n, max_n, max_depth, max_matches);
+  if (matches.empty()) return 0;
+
+  std::vector<TrieNode> trie;
+  trie.reserve(matches.size() * static_cast<size_t>(matches.front().continuation_len) + 1);
+  trie.push_back({-1, -1, 0, 0, 0, -1, -1});
+  for (size_t r = 0; r < matches.size(); ++r) {
+    const SuffixMatch& m = matches[r];
+    insert(&trie, tokens + m.continuation_start, m.continuation_len, static_cast<int32_t>(r));
+  }
+
+  // Emission order (see the header): weight desc, first_rank asc, then creation order, which
+  // along one match's path is depth order.
+  std::vector<int32_t> order(trie.size() - 1);
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i + 1);
+  const auto before = [&trie](int32_t a, int32_t b) {
+    if (trie[a].weight != trie[b].weight) return trie[a].weight > trie[b].weight;
+    if (trie[a].first_rank != trie[b].first_rank) return trie[a].first_rank < trie[b].first_rank;
+    return a < b;
+  };
+  const size_t take = static_cast<size_t>(std::min<int64_t>(budget, order.size()));
+  std::partial_sort(order.begin(), order.begin() + take, order.end(), before);
+
+  std::vector<int32_t> local(trie.size(), -1);
+  local[0] = 0;
+  for (size_t i = 0; i < take; ++i) {
+    const TrieNode& node = trie[order[i]];
+    local[order[i]] = static_cast<int32_t>(i + 1);
+    out->push_back({node.token, local[node.parent], node.depth, node.weight});
+  }
+  return trie[0].weight;
+}
+
+}  // namespace treespec::lookup

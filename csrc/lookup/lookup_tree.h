@@ -1,0 +1,39 @@
+// Prompt lookup extended to trees: merge the continuations of several suffix matches.
+//
+// One match gives one guess of what follows (propose_chain). When the request's suffix occurred
+// several times and the continuations disagree, a tree can hedge: the continuations of the best
+// `max_matches` matches are merged into a trie under the root (the request's last token), each
+// node weighted by how many continuations pass through it, and the heaviest nodes are drafted.
+//
+// Order and cut. Nodes are emitted by (weight desc, first_rank asc, depth asc), where first_rank
+// is the rank (0 = best, as find_suffix_matches orders them) of the best match through the node.
+// Every match through a child also passes through its parent, so along any path weight never
+// increases and first_rank never decreases; nodes with equal weight and equal first_rank lie on
+// that one match's path, where depth orders parent before child. So the order is a total order in
+// which every parent precedes its children: the tree for budget n is exactly the first n nodes of
+// the tree for any budget N >= n (prefix-closed), and since weights only fall along a path the
+// first n nodes are also the n heaviest ones. With a single match every weight is 1 and the order
+// is the chain in depth order: propose_chain(k = max_depth) cut to the budget.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace treespec::lookup {
+
+// One emitted draft node.
+struct TreeNode {
+  int32_t token;
+  int32_t parent;  // local index: 0 = root, i + 1 = the i-th emitted node (parent < own index)
+  int32_t depth;   // 1 for children of the root
+  int32_t weight;  // matches whose continuation passes through this node (>= 1)
+};
+
+// Appends at most `budget` nodes of the lookup tree of tokens[0:n] to `out`, in the order above.
+// Matches are find_suffix_matches(tokens, n, min_n, max_n, max_depth, max_matches); each one
+// contributes its continuation cut to max_depth tokens (never past n). Returns the number of
+// matches used (the root's weight; 0 when nothing matched, and then nothing is appended).
+int propose_tree(const int32_t* tokens, int64_t n, int min_n, int max_n, int max_matches,
+                 int max_depth, int64_t budget, std::vector<TreeNode>* out);
+
+}  // namespace treespec::lookup
