@@ -23,6 +23,7 @@ def _proposer_state(worker) -> dict:
         "proposer": type(drafter).__name__ if drafter is not None else None,
         "tracked_requests": None if requests is None else len(requests),
         "drafted": None if requests is None else sum(s.drafted for s in requests.values()),
+        "stats": drafter.stats.summary() if hasattr(drafter, "stats") else None,
     }
 
 

@@ -119,7 +119,7 @@ def test_one_match_equals_the_chain_drafter_at_budget_max_depth():
         drafter = PromptLookupDrafter(PromptLookupConfig(type="prompt_lookup", min_ngram=1,
                                                          max_ngram=3))
         budgets = np.full(len(rows), depth)
-        drafts = drafter.propose(DraftInputs([str(i) for i in range(len(rows))], buf, rows,
+        drafts = drafter.propose_chains(DraftInputs([str(i) for i in range(len(rows))], buf, rows,
                                              lengths, budgets))
         trees = lookup_trees(buf, rows, lengths, budgets, min_ngram=1, max_ngram=3,
                              max_matches=1, max_depth=depth)

@@ -32,13 +32,13 @@ def test_chains_follow_most_frequent_continuations(trie_path):
     buf[2, :2] = [0, 0]         # unseen context: no draft
     inputs = DraftInputs(req_ids=["a", "b"], token_ids=buf, rows=np.array([0, 2]),
                          num_tokens=np.array([3, 2]), budgets=np.array([3, 5]))
-    assert d.propose(inputs) == [[3, 4, 5], []]
+    assert d.propose_chains(inputs) == [[3, 4, 5], []]
     inputs.budgets = np.array([0, 5])
-    assert d.propose(inputs) == [[], []]
+    assert d.propose_chains(inputs) == [[], []]
     # min_context=0 allows unigram backoff for unseen contexts
     d0 = _drafter(trie_path, min_context=0)
     inputs.budgets = np.array([1, 1])
-    assert d0.propose(inputs)[1] != []
+    assert d0.propose_chains(inputs)[1] != []
 
 
 def test_expander_feeds_every_builder(trie_path):
@@ -80,10 +80,10 @@ def test_online_layer_learns_served_outputs(trie_path):
     buf[0, :2] = [9, 8]       # 8 ends its stream: no continuation yet
     inputs = DraftInputs(req_ids=["a"], token_ids=buf, rows=np.array([0]), num_tokens=np.array([2]),
                          budgets=np.array([2]))
-    assert d.propose(inputs) == [[]]
+    assert d.propose_chains(inputs) == [[]]
     for _ in range(3):
         d.observe_output(np.array([9, 8, 6, 7], dtype=np.int32))
-    assert d.propose(inputs) == [[6, 7]]
+    assert d.propose_chains(inputs) == [[6, 7]]
 
 
 def test_preset_is_valid():

@@ -80,6 +80,6 @@ def test_drafter_respects_budgets_and_skips_zero_budget():
     drafter = PromptLookupDrafter(PromptLookupConfig(type="prompt_lookup", min_ngram=1, max_ngram=3))
     inputs = DraftInputs(req_ids=["a", "b"], token_ids=buf, rows=np.array([0, 1]),
                          num_tokens=np.array([7, 5]), budgets=np.array([2, 0]))
-    assert drafter.propose(inputs) == [[4, 1], []]
+    assert drafter.propose_chains(inputs) == [[4, 1], []]
     inputs.budgets = np.array([8, 8])
-    assert drafter.propose(inputs) == [[4, 1, 2, 3], [6, 5]]
+    assert drafter.propose_chains(inputs) == [[4, 1, 2, 3], [6, 5]]

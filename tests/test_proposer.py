@@ -54,15 +54,36 @@ def test_budget_never_passes_max_model_len():
     assert p.propose_step(runner, _sched(), [[3]]) == [[9, 1]]
 
 
-def test_accepted_tokens_are_counted_and_state_freed(proposer):
+def test_trees_are_kept_per_request_and_freed_on_finish(proposer):
     runner = _runner([[1, 2, 3, 9, 1, 2, 3]], ["a"])
-    proposer.propose_step(runner, _sched(), [[3]])                  # drafts 9 1 2 3
-    runner = _runner([[1, 2, 3, 9, 1, 2, 3, 9, 1, 5]], ["a"])       # accepted 9 1, bonus 5
-    proposer.propose_step(runner, _sched(), [[9, 1, 5]])
+    assert proposer.propose_step(runner, _sched(), [[3]]) == [[9, 1, 2, 3]]
+    tree = proposer.trees["a"]
+    assert tree.tokens.tolist() == [3, 9, 1, 2, 3] and tree.parents.tolist() == [-1, 0, 1, 2, 3]
     st = proposer.requests["a"]
-    assert (st.steps, st.accepted) == (2, 2)
+    assert (st.steps, st.drafted) == (1, 4)
+    runner = _runner([[5, 6, 7]], ["a"])                               # nothing to draft now
+    assert proposer.propose_step(runner, _sched(), [[7]]) == [[]]
+    assert "a" not in proposer.trees                                     # no stale tree left
     proposer.on_requests_finished({"a", "never-seen"})
-    assert proposer.requests == {}
+    assert proposer.requests == {} and proposer.trees == {}
+
+
+def test_requests_with_options_trees_cannot_honour_get_no_drafts(proposer):
+    from vllm import SamplingParams
+
+    runner = _runner([[1, 2, 3, 9, 1, 2, 3], [1, 2, 3, 9, 1, 2, 3]], ["plain", "logprobs"])
+    runner.requests = {
+        "plain": SimpleNamespace(sampling_params=SamplingParams(temperature=0.8), output_token_ids=[1]),
+        "logprobs": SimpleNamespace(sampling_params=SamplingParams(logprobs=2), output_token_ids=[1]),
+    }
+    assert proposer.propose_step(runner, _sched(), [[3], [3]]) == [[9, 1, 2, 3], []]
+    assert proposer.requests["logprobs"].fallback_steps == {"logprobs": 1}
+    runner.requests["plain"] = SimpleNamespace(sampling_params=SamplingParams(min_tokens=3),
+                                               output_token_ids=[1])
+    proposer.requests.pop("plain")
+    assert proposer.propose_step(runner, _sched(), [[3], [3]])[0] == []      # min_tokens pending
+    runner.requests["plain"].output_token_ids = [1, 2, 3]
+    assert proposer.propose_step(runner, _sched(), [[3], [3]])[0] == [9, 1, 2, 3]
 
 
 def test_runner_patch_routes_to_proposer_and_frees_on_finish(proposer):

@@ -31,6 +31,9 @@ class PromptLookupConfig:
     type: Literal["prompt_lookup"] = spec(doc="Drafter kind.")
     min_ngram: int = spec(1, ge=1, le=64, doc="Shortest suffix n-gram that may match.")
     max_ngram: int = spec(4, ge=1, le=64, doc="Longest suffix n-gram tried (longer matches win).")
+    max_matches: int = spec(8, ge=1, le=256, doc=(
+        "tree.builder best_first: earlier matches whose continuations are merged into the tree "
+        "(nodes ranked by how many matches continue through them); chain uses the best match."))
 
     def validate(self, prefix: str) -> None:
         if self.min_ngram > self.max_ngram:
@@ -58,10 +61,104 @@ class NgramTrieConfig:
 DRAFTERS: dict[str, type] = {"prompt_lookup": PromptLookupConfig, "ngram_trie": NgramTrieConfig}
 
 
+BUILDER_NAMES = ("chain", "best_first", "beam", "threshold", "static")
+SCORER_NAMES = ("acc_logp", "dart", "presto", "presto_entropy")
+# Which `tree` keys each builder reads (tree.scorer / tree.weights only where a scorer is used).
+_BUILDER_KEYS: dict[str, tuple[str, ...]] = {
+    "chain": ("max_depth",),
+    "best_first": ("topk", "max_depth", "scorer", "weights"),
+    "beam": ("topk", "max_depth", "width", "scorer", "weights"),
+    "threshold": ("branch", "max_depth", "tau"),
+    "static": ("template",),
+}
+_SCORER_WEIGHTS: dict[str, tuple[str, ...]] = {
+    "acc_logp": (),
+    "dart": ("logit_decay", "ngram_weight", "level_exponent"),
+    "presto": ("lam",),
+    "presto_entropy": ("beta", "C"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ScorerWeights:
+    """Weights of the tree scorer (vllm_treespec.tree.scorers); null keeps the paper's default."""
+    logit_decay: float | None = spec(None, doc="dart: per-level decay of the draft log-prob (0.9).")
+    ngram_weight: float | None = spec(None, doc="dart: weight of the n-gram continuity score (0.5).")
+    level_exponent: float | None = spec(None, doc="dart: level normalisation exponent (-0.7).")
+    lam: float | None = spec(None, doc="presto: weight lambda of log rho (0.2).")
+    beta: float | None = spec(None, doc="presto_entropy: largest lambda (0.4).")
+    C: float | None = spec(None, doc="presto_entropy: entropy half-point (1.0).")
+
+    def given(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) is not None}
+
+
 @dataclasses.dataclass(frozen=True)
 class TreeConfig:
-    """How drafts are shaped. This version drafts chains (a tree with fan-out 1)."""
-    builder: Literal["chain"] = spec("chain", doc="Tree builder.")
+    """How drafts are shaped into a tree (builders: vllm_treespec.tree.builders)."""
+    builder: Literal["chain", "best_first", "beam", "threshold", "static"] = spec("chain", doc=(
+        "Tree builder: chain (fan-out 1), best_first (JetSpec / PRESTO Alg. 2), beam (DART Alg. 1), "
+        "threshold (DynaTree), static (per-depth fan-out template)."))
+    topk: int | None = spec(None, ge=1, le=1024, doc="best_first, beam: children considered per node.")
+    max_depth: int | None = spec(None, ge=1, le=1024, doc="chain, best_first, beam, threshold: deepest level.")
+    width: int | None = spec(None, ge=1, le=65536, doc="beam: beam width (DART: 20).")
+    branch: int | None = spec(None, ge=1, le=1024, doc="threshold: children per node (DynaTree: 3).")
+    tau: float | None = spec(None, doc="threshold: prune paths below this cumulative probability (0.03).")
+    template: tuple[int, ...] | None = spec(None, doc="static: fan-out per depth, e.g. [4, 2, 1].")
+    scorer: Literal["acc_logp", "dart", "presto", "presto_entropy"] = spec("acc_logp", doc=(
+        "best_first, beam: path score; dart / presto / presto_entropy add the n-gram signal rho."))
+    weights: ScorerWeights = spec(default_factory=ScorerWeights, doc="Scorer weights (by scorer).")
+
+    def builder_params(self) -> dict[str, Any]:
+        """Keyword arguments for `vllm_treespec.tree.build_tree(self.builder, ...)`."""
+        params: dict[str, Any] = {}
+        for key in _BUILDER_KEYS[self.builder]:
+            if key == "scorer":
+                params["scorer"] = self.scorer
+            elif key == "weights":
+                if self.weights.given():
+                    params["scorer_params"] = self.weights.given()
+            elif getattr(self, key) is not None:
+                params[key] = getattr(self, key)
+        return params
+
+    def validate(self, prefix: str) -> None:
+        used = _BUILDER_KEYS[self.builder]
+        for f in dataclasses.fields(self):
+            if f.name in ("builder", "weights", "scorer") or getattr(self, f.name) is None:
+                continue
+            if f.name not in used:
+                raise ConfigError(f"{prefix}.{f.name}: not used by builder {self.builder!r} (it reads "
+                                  f"{', '.join(used) or 'no other keys'}); remove the key or change "
+                                  f"{prefix}.builder")
+        if self.scorer != "acc_logp" and "scorer" not in used:
+            raise ConfigError(f"{prefix}.scorer: builder {self.builder!r} scores paths by accumulated "
+                              f"log-prob only; use builder best_first or beam for scorer {self.scorer!r}")
+        allowed = _SCORER_WEIGHTS[self.scorer]
+        for key in self.weights.given():
+            if key not in allowed:
+                raise ConfigError(f"{prefix}.weights.{key}: not a weight of scorer {self.scorer!r} "
+                                  f"(its weights: {', '.join(allowed) or 'none'})")
+        _dry_run_build(self, prefix)
+
+
+def _dry_run_build(tree: TreeConfig, prefix: str) -> None:
+    """Build one tiny tree so that out-of-range builder values fail at startup, not mid-serving."""
+    import numpy as np
+
+    from vllm_treespec.tree import BuildError, DepthTable, NgramTable, build_tree
+
+    k = max(16, tree.topk or 1, tree.branch or 1, max(tree.template or (1,)))
+    depth = max(tree.max_depth or 1, len(tree.template or ()))
+    depth = min(depth, 64)
+    tokens = np.tile(np.arange(k, dtype=np.int64), (depth, 1))
+    logp = np.log(np.full((depth, k), 1.0 / (k + 1)))
+    rho = NgramTable(order=2) if tree.scorer != "acc_logp" else None
+    try:
+        build_tree(tree.builder, DepthTable(tokens, logp, root=0, rho=rho), 4, **tree.builder_params())
+    except (BuildError, ValueError) as e:
+        raise ConfigError(f"{prefix}: {e}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,11 +207,31 @@ def parse_config(raw: Any, source: str = "<inline>", num_speculative_tokens: int
         drafter = _parse_drafter(body.pop("drafter"))
         cfg = parse_section(TreespecConfig, {**body, "drafter": {}, "source": source}, "")
         cfg = dataclasses.replace(cfg, drafter=drafter)
+        _check_drafter_tree(cfg)
         if num_speculative_tokens is not None:
             _check_budget(cfg, num_speculative_tokens)
         return cfg
     except ConfigError as e:
         raise ConfigError(f"treespec config {source}: {e}") from None
+
+
+# Builders a drafter can feed: prompt lookup shapes its own tree from its matches.
+_DRAFTER_BUILDERS: dict[str, tuple[str, ...]] = {
+    "prompt_lookup": ("chain", "best_first"),
+    "ngram_trie": BUILDER_NAMES,
+}
+
+
+def _check_drafter_tree(cfg: TreespecConfig) -> None:
+    allowed = _DRAFTER_BUILDERS[cfg.drafter.type]
+    if cfg.tree.builder not in allowed:
+        raise ConfigError(f"tree.builder: {cfg.tree.builder!r} cannot shape {cfg.drafter.type} drafts; "
+                          f"choose one of {', '.join(repr(b) for b in allowed)}")
+    if cfg.drafter.type == "prompt_lookup" and cfg.tree.builder_params().keys() - {"max_depth", "scorer"}:
+        raise ConfigError("tree: prompt_lookup ranks tree nodes by match counts; of the builder keys only "
+                          "tree.max_depth applies (remove the others)")
+    if cfg.drafter.type == "prompt_lookup" and cfg.tree.scorer != "acc_logp":
+        raise ConfigError("tree.scorer: prompt_lookup ranks tree nodes by match counts; remove tree.scorer")
 
 
 def _check_budget(cfg: TreespecConfig, num_speculative_tokens: int) -> None:

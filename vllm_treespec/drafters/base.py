@@ -6,6 +6,8 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from vllm_treespec.tree import DraftTree
+
 
 @dataclass
 class DraftInputs:
@@ -13,8 +15,8 @@ class DraftInputs:
 
     `token_ids` is the engine's token buffer (read-only view, [rows, max_len] int32); request i
     owns row `rows[i]`, whose first `num_tokens[i]` entries are its prompt and output so far
-    (including the token sampled this step). `budgets[i]` is the most draft tokens request i may
-    get this step (0 = draft nothing).
+    (including the token sampled this step, which becomes the root of its tree). `budgets[i]`
+    is the most draft nodes request i may get this step (0 = draft nothing).
     """
     req_ids: Sequence[str]
     token_ids: np.ndarray
@@ -25,6 +27,24 @@ class DraftInputs:
     def __len__(self) -> int:
         return len(self.req_ids)
 
+    def root(self, i: int) -> int:
+        """Request i's root token: its last token (sampled this step)."""
+        return int(self.token_ids[int(self.rows[i]), int(self.num_tokens[i]) - 1])
+
+    def context(self, i: int, length: int) -> np.ndarray:
+        """Request i's last `length` tokens, root included."""
+        end = int(self.num_tokens[i])
+        return self.token_ids[int(self.rows[i]), max(0, end - length): end]
+
+
+def chain_trees(inputs: DraftInputs, chains: Sequence[Sequence[int]]) -> list[DraftTree]:
+    """Trees from linear drafts (chains[i] drafted after request i's root)."""
+    trees = []
+    for i, chain in enumerate(chains):
+        root = inputs.root(i) if inputs.num_tokens[i] > 0 else 0
+        trees.append(DraftTree.chain(root, chain))
+    return trees
+
 
 class Drafter(Protocol):
     name: str
@@ -32,8 +52,9 @@ class Drafter(Protocol):
     def load(self, target_model: Any) -> None:
         """Called once with the target model (drafters that share its weights use it)."""
 
-    def propose(self, inputs: DraftInputs) -> list[list[int]]:
-        """Draft tokens per request, at most budgets[i] each (a chain; trees come later)."""
+    def propose(self, inputs: DraftInputs) -> list[DraftTree]:
+        """One tree per request, rooted at its last token, with at most budgets[i] draft nodes
+        in topological order (root-only = no drafts this step)."""
 
     def on_requests_finished(self, req_ids: Sequence[str]) -> None:
         """Forget per-request state of finished or aborted requests."""

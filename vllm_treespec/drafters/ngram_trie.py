@@ -5,10 +5,10 @@ ids are only meaningful under the tokenizer it was built with, so loading checks
 tokenizer fingerprint against the served model's tokenizer and fails startup on a mismatch.
 
 Two ways to draft from it:
-- `propose` (the engine path today): a batched greedy chain over all requests at once, one trie
-  cursor per request advanced depth by depth (no per-request Python loop);
-- `expander(...)`: a tree `Expander` (top-k continuations of each path) for any builder of
-  `vllm_treespec.tree`, used by tree verification.
+- tree.builder chain: a batched greedy chain over all requests at once, one trie cursor per
+  request advanced depth by depth (no per-request Python loop);
+- any other builder: per request, an `Expander` (top-k continuations of each path) shaped by that
+  builder of `vllm_treespec.tree`; scorers that need rho (dart, presto) get the trie as rho.
 """
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from vllm_treespec.drafters.base import DraftInputs
+from vllm_treespec.drafters.base import DraftInputs, chain_trees
 from vllm_treespec.schema import ConfigError
+from vllm_treespec.tree import DraftTree, build_tree
 
 
 def load_checked_trie(path_spec: str, tokenizer_dir: str | Path | None, expected_order: int | None,
@@ -73,8 +74,11 @@ class TrieSignal:
 class NgramTrieDrafter:
     name = "ngram_trie"
 
-    def __init__(self, config: Any, tokenizer_dir: str | Path | None) -> None:
+    def __init__(self, config: Any, tokenizer_dir: str | Path | None, tree: Any = None) -> None:
         self.trie = load_checked_trie(config.path, tokenizer_dir, config.order)
+        self.tree_builder = tree.builder if tree is not None else "chain"
+        self.builder_params = tree.builder_params() if tree is not None else {}
+        self.rho = TrieSignal(self.trie) if tree is not None and tree.scorer != "acc_logp" else None
         self.k = int(config.k)
         self.min_context = int(config.min_context)
         self.context_len = max(1, self.trie.order - 1)
@@ -89,14 +93,30 @@ class NgramTrieDrafter:
         rows, ends = inputs.rows[idx], inputs.num_tokens[idx]
         return [inputs.token_ids[r, max(0, e - self.context_len): e] for r, e in zip(rows.tolist(), ends.tolist())]
 
-    def propose(self, inputs: DraftInputs) -> list[list[int]]:
+    def propose(self, inputs: DraftInputs) -> list[DraftTree]:
+        if self.tree_builder == "chain":
+            return chain_trees(inputs, self.propose_chains(inputs))
+        trees = []
+        for i in range(len(inputs)):
+            root = inputs.root(i)
+            budget = int(inputs.budgets[i])
+            if budget <= 0:
+                trees.append(DraftTree.root_only(root))
+                continue
+            context = inputs.context(i, self.context_len + 1)[:-1]
+            trees.append(build_tree(self.tree_builder, self.expander(context, root), budget,
+                                    **self.builder_params))
+        return trees
+
+    def propose_chains(self, inputs: DraftInputs) -> list[list[int]]:
         """Greedy chains: the trie's most likely next token, depth by depth, for all requests."""
         out: list[list[int]] = [[] for _ in range(len(inputs))]
-        active = np.nonzero(inputs.budgets > 0)[0]
+        budgets = np.minimum(inputs.budgets, self.builder_params.get("max_depth", 1 << 20))
+        active = np.nonzero(budgets > 0)[0]
         if active.size == 0:
             return out
         cursors = self.trie.cursors(self._contexts(inputs, active))
-        budgets = inputs.budgets[active]
+        budgets = budgets[active]
         live = np.arange(active.size)
         for depth in range(int(budgets.max())):
             live = live[budgets[live] > depth]
@@ -132,7 +152,7 @@ class NgramTrieDrafter:
                 logp = np.where(toks >= 0, np.log(np.maximum(probs, 1e-300)), -np.inf)
             return toks.astype(np.int64), logp
 
-        return Expander(expand, root=int(root), context=tuple(int(t) for t in context))
+        return Expander(expand, root=int(root), context=tuple(int(t) for t in context), rho=self.rho)
 
     def observe_output(self, tokens: np.ndarray) -> None:
         """Learn a finished request's output in the online layer (when enabled)."""

@@ -1,7 +1,9 @@
 """The only package that touches vLLM internals: the proposer, the runner patches, metrics.
 
-`activate()` runs once per process, when a TreeProposer is constructed: it checks the vLLM
-version and installs the runner patches from the explicit registry in `runner_patches`.
+`activate()` runs once per process, when a TreeProposer is constructed (inside the model
+runner's constructor, before the model and its attention layers are built): it checks the vLLM
+version, installs the runner patches from the explicit registry in `runner_patches` and
+registers the tree-aware CPU attention backend in place of CPU_ATTN.
 """
 from __future__ import annotations
 
@@ -23,6 +25,12 @@ def activate() -> None:
 
         version = check_vllm_version()
         REGISTRY.install_all()
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            from vllm_treespec.engine import tree_attention_backend
+
+            tree_attention_backend.register()
         _active = True
         init_logger(f"vllm.{__name__}").info("vllm_treespec active on vLLM %s: %d runner patches installed",
                     version, len(REGISTRY.patches))

@@ -1,22 +1,33 @@
 """TreeProposer: the class vLLM instantiates for
 `--speculative-config '{"model": "vllm_treespec.TreeProposer", ...}'` (method `custom_class`).
 
-One instance lives in each worker process. Constructing it activates the plugin (version check,
-runner patches), loads and validates the deployment config from `--additional-config`, and builds
-the configured drafter. Each step the patched runner calls `propose_step` with its full context;
-the proposer computes per-request budgets, asks the drafter for drafts and keeps per-request
-statistics, which `on_requests_finished` frees.
+One instance lives in each worker process (every tensor-parallel rank drafts the same trees from
+the same inputs; only the output rank's drafts reach the scheduler). Constructing it activates
+the plugin (version check, runner patches, tree attention backend), loads and validates the
+deployment config from `--additional-config`, and builds the configured drafter.
+
+Per step, driven by the runner patches (engine/runner_patches.py):
+1. `propose_step` (after sampling): budgets per request, trees from the drafter, the tree kept
+   per request id, its node tokens returned to vLLM as the request's draft tokens;
+2. `plan_step` (in `_prepare_inputs` of the next step): the scheduled drafts matched to those
+   trees -> a `TreeStep` (positions, masks, logits rows) for attention and sampling;
+3. `sample` (instead of vLLM's rejection sampler): tree acceptance, KV compaction, statistics.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
 
 import numpy as np
+import torch
 
 from vllm_treespec.config import TreespecConfig, from_additional_config
 from vllm_treespec.drafters import DraftInputs, make_drafter
+from vllm_treespec.engine.eligibility import static_blocker, tree_blocker
+from vllm_treespec.engine.tree_step import TreeStep, plan_tree_step
+from vllm_treespec.engine.tree_stats import TreeStats
+from vllm_treespec.tree import DraftTree
 
 from vllm.logger import init_logger
 
@@ -29,8 +40,8 @@ class RequestStats:
     steps: int = 0
     drafted: int = 0
     accepted: int = 0
-    pending_num_tokens: int = -1   # num_tokens when the last draft was made
-    pending_draft_len: int = 0
+    blocker: str | None = None          # request option that keeps it from drafting (fixed)
+    fallback_steps: dict[str, int] = field(default_factory=dict)
 
 
 class TreeProposer:
@@ -44,14 +55,21 @@ class TreeProposer:
             vllm_config.additional_config, self.num_speculative_tokens)
         self.node_budget = self.config.node_budget(self.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
-        self.drafter = make_drafter(self.config.drafter, vllm_config.model_config.tokenizer)
+        self.drafter = make_drafter(self.config.drafter, vllm_config.model_config.tokenizer,
+                                    self.config.tree)
         self.requests: dict[str, RequestStats] = {}
+        self.trees: dict[str, DraftTree] = {}
+        self.stats = TreeStats(self.num_speculative_tokens)
         self.draft_seconds = 0.0
-        logger.info("TreeProposer: drafter=%s budget=%d config=%s", self.drafter.name,
-                    self.node_budget, self.config.source)
+        logger.info("TreeProposer: drafter=%s builder=%s budget=%d config=%s", self.drafter.name,
+                    self.config.tree.builder, self.node_budget, self.config.source)
 
     # -- lifecycle -------------------------------------------------------------------------
     def load_model(self, target_model: Any, *args: Any, **kwargs: Any) -> None:
+        if self.config.tree.builder != "chain":
+            from vllm_treespec.engine.model_checks import check_tree_attention
+
+            check_tree_attention(target_model)
         self.drafter.load(target_model)
 
     def on_requests_finished(self, req_ids: Iterable[str], runner: Any = None) -> None:
@@ -63,6 +81,7 @@ class TreeProposer:
         req_ids = list(req_ids)
         for req_id in req_ids:
             self.requests.pop(req_id, None)
+            self.trees.pop(req_id, None)
         observe = getattr(self.drafter, "observe_output", None)
         if observe is not None and runner is not None:
             batch = runner.input_batch
@@ -72,6 +91,25 @@ class TreeProposer:
                     observe(batch.token_ids_cpu[i, batch.num_prompt_tokens[i]: batch.num_tokens_no_spec[i]])
         self.drafter.on_requests_finished(req_ids)
 
+    def _state(self, req_id: str, runner: Any) -> RequestStats:
+        st = self.requests.get(req_id)
+        if st is None:
+            st = self.requests[req_id] = RequestStats()
+            cached = getattr(runner, "requests", {}).get(req_id)
+            if cached is not None:
+                st.blocker = static_blocker(cached.sampling_params)
+        return st
+
+    def blocker(self, req_id: str, runner: Any) -> str | None:
+        """Why this request may not be verified as a tree this step (None = it may)."""
+        st = self._state(req_id, runner)
+        if st.blocker is not None:
+            return st.blocker
+        cached = getattr(runner, "requests", {}).get(req_id)
+        if cached is None:
+            return None
+        return tree_blocker(cached.sampling_params, len(cached.output_token_ids))
+
     # -- drafting --------------------------------------------------------------------------
     def propose_step(self, runner: Any, scheduler_output: Any,
                      sampled_token_ids: list[list[int]]) -> list[list[int]]:
@@ -79,16 +117,17 @@ class TreeProposer:
         batch = runner.input_batch
         req_ids = list(batch.req_ids)
         scheduled = int(scheduler_output.num_spec_tokens_to_schedule) or self.num_speculative_tokens
-        return self._propose(req_ids, sampled_token_ids, batch.num_tokens_no_spec,
+        return self._propose(runner, req_ids, sampled_token_ids, batch.num_tokens_no_spec,
                              batch.token_ids_cpu, min(self.node_budget, scheduled))
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray, slot_mappings: Any = None) -> list[list[int]]:
         """vLLM's stock `custom_class` entry point (unused while the runner patch is installed)."""
         req_ids = [f"#{i}" for i in range(len(sampled_token_ids))]
-        return self._propose(req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, self.node_budget)
+        return self._propose(None, req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
+                             self.node_budget)
 
-    def _propose(self, req_ids: list[str], sampled_token_ids: list[list[int]],
+    def _propose(self, runner: Any, req_ids: list[str], sampled_token_ids: list[list[int]],
                  num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray,
                  budget: int) -> list[list[int]]:
         start = time.perf_counter()
@@ -97,25 +136,72 @@ class TreeProposer:
         decoding = np.fromiter((len(s) > 0 for s in sampled_token_ids[:n]), dtype=bool, count=n)
         room = np.maximum(self.max_model_len - num_tokens, 0)
         budgets = np.where(decoding, np.minimum(budget, room), 0).astype(np.int64)
+        for i in np.nonzero(budgets)[0].tolist():
+            reason = self.blocker(req_ids[i], runner)
+            if reason is not None:
+                budgets[i] = 0
+                fb = self.requests[req_ids[i]].fallback_steps
+                fb[reason] = fb.get(reason, 0) + 1
         inputs = DraftInputs(req_ids=req_ids, token_ids=token_ids_cpu, rows=np.arange(n, dtype=np.int64),
                              num_tokens=num_tokens, budgets=budgets)
-        drafts = self.drafter.propose(inputs)
-        self._record(req_ids, num_tokens, decoding, drafts)
-        self.draft_seconds += time.perf_counter() - start
+        trees = self.drafter.propose(inputs)
+        drafts: list[list[int]] = []
+        for i, (req_id, tree) in enumerate(zip(req_ids, trees)):
+            if tree.num_draft:
+                self.trees[req_id] = tree
+                drafts.append(tree.draft_token_ids())
+            else:
+                self.trees.pop(req_id, None)
+                drafts.append([])
+            if decoding[i]:
+                st = self._state(req_id, runner)
+                st.steps += 1
+                st.drafted += tree.num_draft
+        elapsed = time.perf_counter() - start
+        self.draft_seconds += elapsed
+        self.stats.observe_draft(elapsed, budgets[decoding], trees)
         return drafts
 
-    def _record(self, req_ids: list[str], num_tokens: np.ndarray, decoding: np.ndarray,
-                drafts: list[list[int]]) -> None:
-        for i, req_id in enumerate(req_ids):
-            if not decoding[i]:
-                continue
+    # -- verification ------------------------------------------------------------------------
+    def plan_step(self, batch_req_ids: list[str], num_scheduled: np.ndarray,
+                  scheduled_drafts: dict[str, list[int]], query_start_loc: np.ndarray,
+                  num_computed: np.ndarray) -> TreeStep | None:
+        """Match the scheduled drafts to our trees (see engine/tree_step.py)."""
+        return plan_tree_step(batch_req_ids, num_scheduled, scheduled_drafts, self.trees,
+                              query_start_loc, num_computed)
+
+    def sample(self, runner: Any, step: TreeStep, logits: Any,
+               vllm_sample: Callable[[], Any]) -> Any:
+        """vLLM's SamplerOutput for the step, with tree requests verified as trees."""
+        from vllm_treespec.engine.runner_state import kv_caches_and_layout, request_sampling
+        from vllm_treespec.engine.tree_verifier import compact, verify_step
+
+        from vllm.v1.outputs import SamplerOutput
+
+        start = time.perf_counter()
+        batch_ids = list(runner.input_batch.req_ids)[:step.num_reqs]
+        own = not step.has_foreign_drafts and all(self.blocker(r, runner) is None for r in batch_ids)
+        logprobs = None
+        if own:
+            params, gens = request_sampling(runner, batch_ids)
+            tokens, result = verify_step(step, logits, params, gens, own=True, base=None)
+            accepted_nodes = result.accepted_nodes[torch.from_numpy(step.req_indices)]
+        else:
+            base = vllm_sample()
+            logprobs = base.logprobs_tensors
+            params, gens = request_sampling(runner, step.req_ids)
+            tokens, result = verify_step(step, logits, params, gens, own=False,
+                                         base=base.sampled_token_ids)
+            accepted_nodes = result.accepted_nodes
+        accepted_len = (accepted_nodes >= 0).sum(dim=1).numpy()
+        moved = 0
+        if bool((accepted_len > 0).any()):
+            caches, layout = kv_caches_and_layout(runner)
+            moved = compact(step, accepted_nodes, caches, layout)
+        sizes = (step.trees.offsets[1:] - step.trees.offsets[:-1]).numpy() - 1
+        for req_id, a, nodes in zip(step.req_ids, accepted_len.tolist(), sizes.tolist()):
             st = self.requests.get(req_id)
-            if st is None:
-                st = self.requests[req_id] = RequestStats()
-            now = int(num_tokens[i])
-            if st.pending_num_tokens >= 0 and st.pending_draft_len:
-                # tokens gained since the last draft = accepted drafts + 1 bonus token
-                st.accepted += max(0, min(st.pending_draft_len, now - st.pending_num_tokens - 1))
-            st.steps += 1
-            st.drafted += len(drafts[i])
-            st.pending_num_tokens, st.pending_draft_len = now, len(drafts[i])
+            if st is not None:
+                st.accepted += a
+        self.stats.observe_verify(time.perf_counter() - start, sizes, accepted_len, moved, own)
+        return SamplerOutput(sampled_token_ids=tokens, logprobs_tensors=logprobs)

@@ -5,7 +5,12 @@ Why each exists:
   scheduled budget nor hidden states; a TreeProposer gets the runner's full step context instead.
 - `_update_states`: the only place a worker learns that requests finished or were aborted; the
   proposer frees their per-request state there.
-Both fall through to vLLM's code unchanged when the runner's drafter is not a TreeProposer.
+- `_prepare_inputs`: after vLLM computed positions and slots, match the scheduled drafts to our
+  trees, rewrite tree rows' positions to num_computed + depth (slots stay contiguous) and
+  publish the step's tree plan for the attention backend (engine/tree_step.py).
+- `_sample`: tree acceptance and KV compaction instead of the linear rejection sampler
+  (engine/tree_verifier.py); the plan is withdrawn afterwards.
+All fall through to vLLM's code unchanged when the runner's drafter is not a TreeProposer.
 """
 from __future__ import annotations
 
@@ -49,6 +54,44 @@ def _wrap_update_states(original: Callable[..., Any]) -> Callable[..., Any]:
     return _update_states
 
 
+def _wrap_prepare_inputs(original: Callable[..., Any]) -> Callable[..., Any]:
+    def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
+        from vllm_treespec.engine.runner_state import step_slot_mapping
+        from vllm_treespec.engine.tree_step import set_current_step
+
+        set_current_step(None)
+        result = original(self, scheduler_output, num_scheduled_tokens)
+        proposer = _tree_proposer(self)
+        if proposer is None or not scheduler_output.scheduled_spec_decode_tokens:
+            return result
+        num_reqs = self.input_batch.num_reqs
+        step = proposer.plan_step(
+            list(self.input_batch.req_ids)[:num_reqs], num_scheduled_tokens,
+            scheduler_output.scheduled_spec_decode_tokens, self.query_start_loc.np[:num_reqs + 1],
+            self.input_batch.num_computed_tokens_cpu[:num_reqs])
+        if step is not None:
+            self.positions[step.node_rows.to(self.positions.device)] = step.positions.to(self.positions.device)
+            step.slot_mapping = step_slot_mapping(self, step.node_rows)
+            set_current_step(step)
+        return result
+
+    return _prepare_inputs
+
+
+def _wrap_sample(original: Callable[..., Any]) -> Callable[..., Any]:
+    def _sample(self, logits, spec_decode_metadata):
+        from vllm_treespec.engine.tree_step import current_step, set_current_step
+
+        step = current_step()
+        set_current_step(None)
+        proposer = _tree_proposer(self)
+        if proposer is None or step is None or spec_decode_metadata is None or logits is None:
+            return original(self, logits, spec_decode_metadata)
+        return proposer.sample(self, step, logits, lambda: original(self, logits, spec_decode_metadata))
+
+    return _sample
+
+
 REGISTRY.register(Patch(
     target=f"{RUNNER}.propose_draft_token_ids",
     expected_signature=(
@@ -67,4 +110,20 @@ REGISTRY.register(Patch(
     expected_signature="(self, scheduler_output: 'SchedulerOutput') -> collections.abc.Callable | None",
     make=_wrap_update_states,
     why="free per-request drafter state when requests finish or are aborted",
+))
+REGISTRY.register(Patch(
+    target=f"{RUNNER}._prepare_inputs",
+    expected_signature=(
+        "(self, scheduler_output: 'SchedulerOutput', num_scheduled_tokens: numpy.ndarray) -> "
+        "tuple[torch.Tensor, vllm.v1.spec_decode.metadata.SpecDecodeMetadata | None, int]"),
+    make=_wrap_prepare_inputs,
+    why="tree rows get positions num_computed + depth; publish the step's tree plan",
+))
+REGISTRY.register(Patch(
+    target=f"{RUNNER}._sample",
+    expected_signature=(
+        "(self, logits: torch.Tensor | None, spec_decode_metadata: "
+        "vllm.v1.spec_decode.metadata.SpecDecodeMetadata | None) -> vllm.v1.outputs.SamplerOutput"),
+    make=_wrap_sample,
+    why="tree acceptance and KV compaction instead of the linear rejection sampler",
 ))

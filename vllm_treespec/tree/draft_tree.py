@@ -111,8 +111,14 @@ class DraftTree:
         lp = np.zeros(n + 1, dtype=np.float32)
         if logprobs is not None:
             lp[1:] = np.asarray(logprobs, dtype=np.float32)
-        return cls([root, *tokens], np.arange(-1, n), np.arange(n + 1), lp,
-                   np.cumsum(lp, dtype=np.float64).astype(np.float32))
+        toks = np.empty(n + 1, dtype=np.int64)
+        toks[0] = root
+        toks[1:] = tokens
+        if (toks < 0).any():
+            raise TreeValidationError(f"token ids must be >= 0, got {toks.tolist()}")
+        # the shape is a chain by construction: skip the O(N) structure checks (hot path)
+        return cls(toks, np.arange(-1, n, dtype=np.int64), np.arange(n + 1, dtype=np.int64), lp,
+                   np.cumsum(lp, dtype=np.float64).astype(np.float32), validate=False)
 
     @classmethod
     def from_retrieve_indices(cls, tokens: Sequence[int] | np.ndarray,

@@ -1,0 +1,40 @@
+"""Reads of the V1 model runner's state that the tree patches need (vLLM 0.32.0 attribute names).
+
+Kept in one place so that a vLLM upgrade has one file to check besides the patch signatures.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+__all__ = ["kv_caches_and_layout", "request_sampling", "step_slot_mapping"]
+
+
+def request_sampling(runner: Any, req_ids: Sequence[str]) -> tuple[list[Any], list[torch.Generator | None]]:
+    """SamplingParams and seeded generator (None = unseeded) of each request."""
+    states = [runner.requests[r] for r in req_ids]
+    return [s.sampling_params for s in states], [s.generator for s in states]
+
+
+def step_slot_mapping(runner: Any, rows: torch.Tensor) -> torch.Tensor:
+    """KV slot of each given flat token row of this step (single KV cache group)."""
+    tables = runner.input_batch.block_table
+    return tables[0].slot_mapping.gpu[rows.to(tables[0].slot_mapping.gpu.device)].to("cpu", torch.int64)
+
+
+def kv_caches_and_layout(runner: Any) -> tuple[list[torch.Tensor], str]:
+    """Every attention layer's KV cache tensor (each once) and their common CPU layout (ISA)."""
+    caches: list[torch.Tensor] = []
+    layouts: set[str] = set()
+    seen: set[int] = set()
+    for ctx in runner.compilation_config.static_forward_context.values():
+        kv = getattr(ctx, "kv_cache", None)
+        if not isinstance(kv, torch.Tensor) or kv.numel() == 0 or kv.data_ptr() in seen:
+            continue
+        seen.add(kv.data_ptr())
+        caches.append(kv)
+        layouts.add(getattr(ctx, "isa", "token_major"))
+    if len(layouts) != 1:
+        raise RuntimeError(f"KV compaction needs one KV cache layout across layers, found {sorted(layouts)}")
+    return caches, layouts.pop()

@@ -1,0 +1,87 @@
+"""Tree-aware CPU attention backend, registered in place of vLLM's CPU_ATTN (same name).
+
+vLLM 0.32.0 has no attention backend that takes a custom mask. This backend runs the stock CPU
+kernel for the whole batch (exact for prompts, plain decodes and chain-shaped drafts) and then
+recomputes the rows of branching trees with the ancestor mask over the paged KV cache
+(`vllm_treespec.attention.tree_attention`), overwriting those rows of the output. Which rows,
+and their masks, come from the step's `TreeStep` (engine/tree_step.py), published by the
+`_prepare_inputs` patch; outside a tree step the backend is the stock one.
+
+CUDA hosts: the same hook point takes the Triton/CUDA tree kernels (issue 5); there the tree
+rows are masked inside the kernel instead of recomputed.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from vllm.v1.attention.backend import AttentionType
+from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
+
+from vllm_treespec.attention.tree_attention_cpu import tree_attention
+from vllm_treespec.engine.tree_step import current_step
+
+CLASS_PATH = "vllm_treespec.engine.tree_attention_backend.TreeCPUAttentionBackend"
+
+
+def unsupported_reason(impl: Any, kv_cache_dtype: str) -> str | None:
+    """Why a layer's attention cannot be tree-masked here (None = it can)."""
+    if not isinstance(impl, TreeCPUAttentionImpl):
+        return f"its attention backend is {type(impl).__name__}, not the treespec CPU tree backend"
+    if impl.attn_type != AttentionType.DECODER:
+        return f"attention type {impl.attn_type}"
+    if impl.sliding_window not in (-1, None):
+        return "sliding-window attention"
+    if impl.alibi_slopes is not None:
+        return "ALiBi"
+    if impl.sinks is not None:
+        return "attention sinks"
+    if kv_cache_dtype not in ("auto", None):
+        return f"kv_cache_dtype={kv_cache_dtype}"
+    return None
+
+
+class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
+    def forward(self, layer: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                kv_cache: torch.Tensor, attn_metadata: Any, output: torch.Tensor,
+                output_scale: torch.Tensor | None = None,
+                output_block_scale: torch.Tensor | None = None) -> torch.Tensor:
+        output = super().forward(layer, query, key, value, kv_cache, attn_metadata, output,
+                                 output_scale, output_block_scale)
+        step = current_step()
+        if step is None or step.attn is None or attn_metadata is None:
+            return output
+        if self.attn_type != AttentionType.DECODER:
+            return output
+        if attn_metadata.num_actual_tokens != step.num_scheduled_tokens:
+            raise RuntimeError(
+                f"tree attention: the step plan covers {step.num_scheduled_tokens} tokens but "
+                f"the attention batch has {attn_metadata.num_actual_tokens}; refusing to mask "
+                "the wrong rows")
+        plan = step.attn
+        nb, hkv, bs, _ = kv_cache.shape
+        key_cache, value_cache = kv_cache.view(nb, hkv, 2 * bs, -1).chunk(2, dim=2)
+        rows = plan.rows
+        out = tree_attention(
+            query.view(query.shape[0], self.num_heads, self.head_size)[rows], key_cache,
+            value_cache, attn_metadata.block_table[plan.req_indices], plan.prefix_lens,
+            plan.offsets, plan.anc_mask, self.scale, layout=layer.isa,
+            logits_soft_cap=self.logits_soft_cap or None)
+        output.view(output.shape[0], self.num_heads, -1)[rows] = out.to(output.dtype)
+        return output
+
+
+class TreeCPUAttentionBackend(CPUAttentionBackend):
+    """CPU_ATTN with tree rows masked by their ancestors (get_name() stays "CPU_ATTN")."""
+
+    @staticmethod
+    def get_impl_cls() -> type[TreeCPUAttentionImpl]:
+        return TreeCPUAttentionImpl
+
+
+def register() -> None:
+    """Make every CPU attention layer built from now on use this backend."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    register_backend(AttentionBackendEnum.CPU_ATTN, CLASS_PATH)

@@ -1,0 +1,73 @@
+"""Per-worker tree statistics: what was drafted, verified and accepted, and what it cost.
+
+vLLM's own `vllm:spec_decode_*` series already count trees correctly (drafted = nodes scheduled,
+accepted = path length, per-position counts = a histogram of accepted depth). These counters add
+the tree-specific view (nodes per tree, accepted depth, drafter/verify time, budget, KV moves,
+own vs mixed sampling) for logs, benchmarks and the metrics exporter.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["TreeStats"]
+
+
+@dataclass
+class TreeStats:
+    max_depth: int
+    draft_steps: int = 0
+    draft_seconds: float = 0.0
+    budget_sum: int = 0
+    budget_count: int = 0
+    trees: int = 0
+    nodes: int = 0
+    verify_steps: int = 0
+    verify_seconds: float = 0.0
+    verified_trees: int = 0
+    verified_nodes: int = 0
+    accepted: int = 0
+    kv_moves: int = 0
+    own_steps: int = 0
+    nodes_hist: np.ndarray = field(init=False)
+    depth_hist: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.nodes_hist = np.zeros(self.max_depth + 1, dtype=np.int64)
+        self.depth_hist = np.zeros(self.max_depth + 1, dtype=np.int64)
+
+    def observe_draft(self, seconds: float, budgets: np.ndarray, trees: Sequence[Any]) -> None:
+        self.draft_steps += 1
+        self.draft_seconds += seconds
+        self.budget_sum += int(budgets.sum())
+        self.budget_count += int(budgets.size)
+        for t in trees:
+            if t.num_draft:
+                self.trees += 1
+                self.nodes += t.num_draft
+
+    def observe_verify(self, seconds: float, nodes: np.ndarray, accepted: np.ndarray,
+                       moves: int, own: bool) -> None:
+        self.verify_steps += 1
+        self.verify_seconds += seconds
+        self.verified_trees += int(nodes.size)
+        self.verified_nodes += int(nodes.sum())
+        self.accepted += int(accepted.sum())
+        self.kv_moves += moves
+        self.own_steps += int(own)
+        np.add.at(self.nodes_hist, np.minimum(nodes, self.max_depth), 1)
+        np.add.at(self.depth_hist, np.minimum(accepted, self.max_depth), 1)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "draft_steps": self.draft_steps, "draft_ms_per_step": 1e3 * self.draft_seconds / max(self.draft_steps, 1),
+            "mean_budget": self.budget_sum / max(self.budget_count, 1),
+            "verify_steps": self.verify_steps,
+            "verify_ms_per_step": 1e3 * self.verify_seconds / max(self.verify_steps, 1),
+            "verified_trees": self.verified_trees, "verified_nodes": self.verified_nodes,
+            "accepted": self.accepted, "kv_moves": self.kv_moves, "own_steps": self.own_steps,
+            "mean_accepted": self.accepted / max(self.verified_trees, 1),
+            "nodes_hist": self.nodes_hist.tolist(), "depth_hist": self.depth_hist.tolist(),
+        }

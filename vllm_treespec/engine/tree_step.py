@@ -1,0 +1,156 @@
+"""One verification step's tree metadata, built once per step and shared by the runner patches
+(positions, acceptance, KV compaction) and the tree attention backend.
+
+vLLM lays out a request with drafts as its root (the token sampled last step) followed by its
+draft tokens, at flat token rows ``query_start .. query_start + n``, with slots and logits
+for every row. Our drafters sent the draft tokens in tree node order, so the rows are the
+tree's nodes; only three things differ from a chain, and this plan carries them:
+- positions: node i sits at ``num_computed + depth(i)`` (RoPE), not ``num_computed + i``;
+- attention: rows whose ancestors are not exactly the rows before them need the tree mask
+  (``attn``; chain-shaped requests keep the stock causal kernel, which is exact for them);
+- acceptance: the accepted path's K/V move from slot(i_j) to slot(j) afterwards.
+
+The scheduler may cut a request's drafts to a prefix (token budget, max_model_len): the tree is
+cut the same way (any prefix of the node list is a tree). If the scheduled tokens are not a
+prefix of the tree we drafted (which should not happen), the request is verified as the chain
+it then is, which is exact for any token sequence. Drafts we did not make (vLLM pads newly
+scheduled decodes with -1 "drafts" for uniform batches) are left to vLLM's rejection sampler.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from vllm_treespec.tree import DraftTree, TreeBatch
+
+__all__ = ["AttentionPlan", "TreeStep", "plan_tree_step", "current_step", "set_current_step"]
+
+
+@dataclass
+class AttentionPlan:
+    """Requests whose tree needs the ancestor mask, in the flat layout tree_attention takes."""
+    req_indices: torch.Tensor   # int64 [Ra]  batch rows (index into block_table)
+    rows: torch.Tensor          # int64 [Ta]  flat token rows of their nodes, request by request
+    offsets: torch.Tensor       # int64 [Ra+1]
+    prefix_lens: torch.Tensor   # int64 [Ra]  num_computed (KV before the root)
+    anc_mask: torch.Tensor      # int64 [Ta, W] local ancestor-or-self bitmask words
+
+
+@dataclass
+class TreeStep:
+    """Everything the step's patches need about the requests verified as trees.
+
+    Requests "verified" are those with at least one scheduled draft (``R`` of them, batch order).
+    ``logit_rows`` index the step's logits tensor (vLLM computes logits at every root/draft row
+    and one row for each request without drafts, in batch order).
+    """
+    num_scheduled_tokens: int
+    num_reqs: int
+    req_indices: np.ndarray      # int64 [R] batch rows
+    req_ids: list[str]
+    trees: TreeBatch             # the R trees (cut to what was scheduled), flat
+    node_rows: torch.Tensor      # int64 [T] flat token row of every node
+    positions: torch.Tensor      # int64 [T] num_computed + depth
+    logit_rows: torch.Tensor     # int64 [T] row of each node in the step's logits
+    num_computed: np.ndarray     # int64 [R]
+    slot_mapping: torch.Tensor | None  # int64 [T] KV slot of every node row (set by the runner)
+    attn: AttentionPlan | None
+    max_num_draft: int           # widest scheduled draft in the batch (sampler output width - 1)
+    has_foreign_drafts: bool     # some request's drafts are left to vLLM's rejection sampler
+
+    @property
+    def num_trees(self) -> int:
+        return len(self.req_ids)
+
+
+def _is_chain(tree: DraftTree) -> bool:
+    return bool((tree.depth == np.arange(tree.num_nodes)).all())
+
+
+def plan_tree_step(batch_req_ids: Sequence[str], num_scheduled: np.ndarray,
+                   scheduled_drafts: Mapping[str, Sequence[int]], trees: Mapping[str, DraftTree],
+                   query_start_loc: np.ndarray, num_computed: np.ndarray) -> TreeStep | None:
+    """The plan for this step, or None when no request has drafts.
+
+    batch_req_ids / num_scheduled / query_start_loc [num_reqs + 1] / num_computed: the runner's
+    batch in row order; scheduled_drafts: the scheduler's draft tokens per request id;
+    trees: the trees the proposer drafted last step, by request id.
+    """
+    num_reqs = len(batch_req_ids)
+    req_idx: list[int] = []
+    cut: list[DraftTree] = []
+    num_draft = np.zeros(num_reqs, dtype=np.int64)
+    foreign = False
+    for i, req_id in enumerate(batch_req_ids):
+        drafts = scheduled_drafts.get(req_id)
+        if not drafts:
+            continue
+        n = len(drafts)
+        num_draft[i] = n
+        if int(num_scheduled[i]) != n + 1 or min(drafts) < 0:
+            # drafts behind other new tokens (not a plain decode step), or vLLM's -1 padding of
+            # a newly scheduled decode (always rejected): vLLM verifies this chain itself
+            foreign = True
+            continue
+        tree = trees.get(req_id)
+        if tree is None or tree.num_draft < n or tree.tokens[1:n + 1].tolist() != list(drafts):
+            # not the tree we drafted: verify as a chain (exact for any tokens)
+            root = tree.tokens[0] if tree is not None else 0
+            tree = DraftTree.chain(int(root), drafts)
+        else:
+            tree = tree.prefix(n)
+        req_idx.append(i)
+        cut.append(tree)
+    if not cut:
+        return None
+    idx = np.asarray(req_idx, dtype=np.int64)
+    batch = TreeBatch.from_trees(cut)
+    sizes = (batch.offsets[1:] - batch.offsets[:-1]).numpy()
+    local = np.arange(int(batch.offsets[-1]), dtype=np.int64) - np.repeat(batch.offsets[:-1].numpy(), sizes)
+    q_start = np.asarray(query_start_loc, dtype=np.int64)[idx]
+    node_rows = np.repeat(q_start, sizes) + local
+    computed = np.asarray(num_computed, dtype=np.int64)[idx]
+    positions = np.repeat(computed, sizes) + batch.depth.numpy()
+    sampled = num_draft + 1                     # logits rows per batch request
+    first_logit = np.cumsum(sampled) - sampled
+    logit_rows = np.repeat(first_logit[idx], sizes) + local
+    attn = _attention_plan(cut, idx, batch, node_rows, computed)
+    return TreeStep(
+        num_scheduled_tokens=int(np.asarray(query_start_loc)[num_reqs]), num_reqs=num_reqs,
+        req_indices=idx, req_ids=[batch_req_ids[i] for i in req_idx], trees=batch,
+        node_rows=torch.from_numpy(node_rows), positions=torch.from_numpy(positions),
+        logit_rows=torch.from_numpy(logit_rows), num_computed=computed, slot_mapping=None,
+        attn=attn, max_num_draft=int(num_draft.max()), has_foreign_drafts=foreign)
+
+
+def _attention_plan(trees: list[DraftTree], idx: np.ndarray, batch: TreeBatch,
+                    node_rows: np.ndarray, computed: np.ndarray) -> AttentionPlan | None:
+    branchy = [j for j, t in enumerate(trees) if not _is_chain(t)]
+    if not branchy:
+        return None
+    offsets = batch.offsets.numpy()
+    sel = np.concatenate([np.arange(offsets[j], offsets[j + 1]) for j in branchy])
+    sizes = np.array([trees[j].num_nodes for j in branchy], dtype=np.int64)
+    sub_offsets = np.zeros(len(branchy) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=sub_offsets[1:])
+    words = max(trees[j].num_words for j in branchy)
+    return AttentionPlan(
+        req_indices=torch.from_numpy(idx[branchy]), rows=torch.from_numpy(node_rows[sel]),
+        offsets=torch.from_numpy(sub_offsets), prefix_lens=torch.from_numpy(computed[branchy]),
+        anc_mask=batch.anc_mask[torch.from_numpy(sel), :words].contiguous())
+
+
+# The plan of the step being executed in this worker process (None outside verification).
+_CURRENT: TreeStep | None = None
+
+
+def set_current_step(step: TreeStep | None) -> None:
+    global _CURRENT
+    _CURRENT = step
+
+
+def current_step() -> TreeStep | None:
+    return _CURRENT
