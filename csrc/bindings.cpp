@@ -180,6 +180,9 @@ py::list find_suffix_matches(I32Array tokens, int min_n, int max_n, int k, int m
 }  // namespace
 
 void register_ngram(py::module_& m);  // csrc/ngram/ngram_bindings.cpp
+namespace treespec::verify {
+void register_verify(py::module_& m);  // csrc/verify/greedy_walk.cpp
+}
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "vllm_treespec native core (prompt lookup; later: n-gram trie, tree builders)";
@@ -198,4 +201,5 @@ PYBIND11_MODULE(_C, m) {
         "block of counts[i] + 1 entries per request.");
   treespec::tree::bind_tree(m);  // n-gram scorers, tree builders (csrc/tree/)
   register_ngram(m);
+  treespec::verify::register_verify(m);  // greedy tree acceptance walk (csrc/verify/)
 }

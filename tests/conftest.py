@@ -13,6 +13,22 @@ def tiny_model() -> Path:
     return build_fixture("tiny")
 
 
+@pytest.fixture(scope="session")
+def tiny_vocab_model() -> Path:
+    """A random Qwen3 with a 16-token vocabulary and no tokenizer (distribution tests)."""
+    from vllm_treespec.fixtures import build_fixture
+
+    return build_fixture("tiny-vocab")
+
+
+@pytest.fixture(scope="session")
+def code_lm_model() -> Path:
+    """The trained code-LM fixture (cached; about 10 minutes to train on a fresh machine)."""
+    from vllm_treespec.fixtures import build_fixture
+
+    return build_fixture("code-lm")
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Thousands of tiny tensor ops: on a shared 2-core host, OpenMP spin-waits make them ~20x

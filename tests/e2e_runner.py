@@ -33,13 +33,19 @@ def _sampling(sp: dict):
     return SamplingParams(**sp)
 
 
-def _generate(llm, prompts: list[str], params: list, concurrency: int) -> list:
-    if concurrency == 1:
-        outs = []
-        for p, sp in zip(prompts, params):
-            outs.extend(llm.generate([p], [sp], use_tqdm=False))
-        return outs
-    return llm.generate(prompts, params, use_tqdm=False)
+def _generate(llm, prompts: list, params: list, concurrency: int) -> list:
+    """Requests in waves of `concurrency` (0 = all at once; the engine's max_num_seqs bounds it).
+
+    A prompt is text or a list of token ids."""
+    from vllm.inputs import TokensPrompt
+
+    prompts = [TokensPrompt(prompt_token_ids=p) if isinstance(p, list) else p for p in prompts]
+    if concurrency <= 0:
+        return llm.generate(prompts, params, use_tqdm=False)
+    outs = []
+    for i in range(0, len(prompts), concurrency):
+        outs.extend(llm.generate(prompts[i:i + concurrency], params[i:i + concurrency], use_tqdm=False))
+    return outs
 
 
 def _metrics(llm) -> dict:
@@ -81,7 +87,8 @@ def main() -> None:
             "outputs": [
                 {"token_ids": list(o.outputs[0].token_ids), "text": o.outputs[0].text,
                  "finish_reason": o.outputs[0].finish_reason,
-                 "stop": (params[i].stop or [None])[0]}
+                 "stop": (params[i].stop or [None])[0],
+                "num_logprobs": None if o.outputs[0].logprobs is None else len(o.outputs[0].logprobs)}
                 for i, o in enumerate(outs)
             ],
         })

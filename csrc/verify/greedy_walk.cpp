@@ -1,0 +1,81 @@
+// Greedy tree acceptance walk: given the target's argmax at every node row, follow the child
+// whose token equals it from each root, emitting those tokens and then the bonus token.
+//
+// The same rule as vllm_treespec.verify.accept(mode="greedy") (tests check equality), as one
+// O(nodes) pass without the GIL: the torch version issues ~10 small ops per tree level, which
+// on CPU costs more than the whole walk.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace treespec::verify {
+namespace {
+
+using I64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+
+py::tuple greedy_tree_walk(I64Array offsets, I64Array tokens, I64Array parents, I64Array target,
+                           int64_t width) {
+  const int64_t b = offsets.size() - 1, t = tokens.size();
+  if (b < 1 || parents.size() != t || target.size() != t || width < 1)
+    throw std::invalid_argument("greedy_tree_walk: need offsets [B+1], tokens/parents/target [T], width >= 1");
+  const int64_t* off = offsets.data();
+  const int64_t* tok = tokens.data();
+  const int64_t* par = parents.data();
+  const int64_t* tgt = target.data();
+  if (off[0] != 0 || off[b] != t) throw std::invalid_argument("greedy_tree_walk: offsets must span [0, T]");
+  for (int64_t r = 0; r < b; ++r) {
+    if (off[r + 1] <= off[r]) throw std::invalid_argument("greedy_tree_walk: every request needs a root");
+    if (par[off[r]] != -1) throw std::invalid_argument("greedy_tree_walk: root parent must be -1");
+    for (int64_t i = off[r] + 1; i < off[r + 1]; ++i)
+      if (par[i] < 0 || par[i] >= i - off[r])
+        throw std::invalid_argument("greedy_tree_walk: bad parent at row " + std::to_string(i));
+  }
+  py::array_t<int64_t> emitted({b, width}), nodes({b, width}), count(b);
+  int64_t* em = emitted.mutable_data();
+  int64_t* nd = nodes.mutable_data();
+  int64_t* cnt = count.mutable_data();
+  {
+    py::gil_scoped_release release;
+    std::fill(em, em + b * width, -1);
+    std::fill(nd, nd + b * width, -1);
+    // first_child / next_sibling in node order (global row indices)
+    std::vector<int64_t> first(t, -1), next(t, -1);
+    for (int64_t r = 0; r < b; ++r)
+      for (int64_t i = off[r + 1] - 1; i > off[r]; --i) {
+        const int64_t p = off[r] + par[i];
+        next[i] = first[p];
+        first[p] = i;
+      }
+    for (int64_t r = 0; r < b; ++r) {
+      int64_t cur = off[r], level = 0;
+      while (level < width) {
+        const int64_t x = tgt[cur];
+        em[r * width + level] = x;
+        int64_t child = first[cur];
+        while (child >= 0 && tok[child] != x) child = next[child];
+        if (child < 0 || level + 1 >= width) break;
+        nd[r * width + level] = child - off[r];
+        cur = child;
+        ++level;
+      }
+      cnt[r] = level + 1;
+    }
+  }
+  return py::make_tuple(emitted, nodes, count);
+}
+
+}  // namespace
+
+void register_verify(py::module_& m) {
+  m.def("greedy_tree_walk", &greedy_tree_walk, py::arg("offsets"), py::arg("tokens"),
+        py::arg("parents"), py::arg("target"), py::arg("width"),
+        "Greedy tree acceptance from per-row argmax: (emitted [B, W], accepted local nodes "
+        "[B, W], num_emitted [B]), -1 padded.");
+}
+
+}  // namespace treespec::verify

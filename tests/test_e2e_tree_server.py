@@ -1,0 +1,93 @@
+"""Tree speculation through the OpenAI server (`vllm-treespec serve`): greedy outputs equal a
+server without speculation at concurrency 8, requests aborted mid-stream leave the server
+healthy and later outputs unchanged, and the tree series reach /metrics consistently with
+vLLM's own spec-decode counters."""
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import time
+import urllib.request
+from urllib.parse import urlparse
+
+import pytest
+
+from vllm_treespec.fixtures.corpus import held_out_prompts
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+K = 16
+TREE_ARGS = ("--speculative-config", json.dumps({"model": "vllm_treespec.TreeProposer", "num_speculative_tokens": K}),
+             "--additional-config", json.dumps({"treespec": "prompt-lookup-tree"}))
+PROMPTS = held_out_prompts(16, 400, seed=21)
+
+
+def _abort_mid_stream(base_url: str, model: str, prompt: str, chunks: int = 3) -> int:
+    """Stream a completion, read `chunks` events, then drop the connection; returns events read."""
+    url = urlparse(base_url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 200, "temperature": 0.0,
+                       "stream": True, "ignore_eos": True})
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    seen = 0
+    while seen < chunks:
+        line = resp.readline()
+        if line.startswith(b"data:"):
+            seen += 1
+    conn.close()     # the server aborts the request when the client goes away
+    return seen
+
+
+def _metric_sums(base_url: str) -> dict[str, float]:
+    text = urllib.request.urlopen(base_url + "/metrics", timeout=10).read().decode()
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        m = re.match(r"^([a-zA-Z_:]+)(\{[^}]*\})? ([0-9.eE+-]+)$", line)
+        if m:
+            sums[m.group(1)] = sums.get(m.group(1), 0.0) + float(m.group(3))
+    return sums
+
+
+@pytest.fixture(scope="module")
+def served(code_lm_model):
+    from vllm_treespec.serving import run_load, serve
+
+    results = {}
+    for name, args in (("off", ()), ("tree", TREE_ARGS)):
+        with serve(code_lm_model, args) as server:
+            first = run_load(server, PROMPTS, max_tokens=48, concurrency=8)
+            aborted = [_abort_mid_stream(server.base_url, server.model, p) for p in PROMPTS[:4]]
+            second = run_load(server, PROMPTS, max_tokens=48, concurrency=8)
+            time.sleep(1.0)   # the last step's stats reach the API server after its outputs
+            metrics = _metric_sums(server.base_url)
+            health = urllib.request.urlopen(server.base_url + "/health", timeout=10).status
+        results[name] = dict(first=[r.output_key() for r in first.requests],
+                             second=[r.output_key() for r in second.requests],
+                             aborted=aborted, metrics=metrics, health=health)
+    return results
+
+
+def test_served_tree_outputs_equal_no_spec(served):
+    assert served["tree"]["first"] == served["off"]["first"]
+    assert served["tree"]["second"] == served["off"]["second"]
+
+
+def test_aborted_streams_leave_server_healthy_and_outputs_unchanged(served):
+    tree = served["tree"]
+    assert tree["aborted"] == [3, 3, 3, 3] and tree["health"] == 200
+    assert tree["second"] == tree["first"]
+
+
+def test_tree_series_on_metrics_agree_with_vllm_counters(served):
+    m = served["tree"]["metrics"]
+    for name in ("treespec_tree_nodes_count", "treespec_accepted_depth_sum", "treespec_draft_seconds_count",
+                 "treespec_verify_seconds_count", "treespec_budget_nodes_count"):
+        assert m.get(name, 0) > 0, f"{name} missing from /metrics"
+    # accepted = path lengths on both sides; vLLM's drafted also counts its own -1 padding drafts
+    assert m["treespec_accepted_depth_sum"] == m["vllm:spec_decode_num_accepted_tokens_total"]
+    assert m["treespec_tree_nodes_sum"] <= m["vllm:spec_decode_num_draft_tokens_total"]
+    assert m["treespec_accepted_depth_sum"] <= m["treespec_tree_nodes_sum"]
+    assert "treespec_tree_nodes_count" not in served["off"]["metrics"]

@@ -1,0 +1,132 @@
+"""Per-step tree planning and verification without an engine: what the runner patches compute."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from vllm_treespec.engine.tree_step import plan_tree_step
+from vllm_treespec.engine.tree_verifier import accepted_moves, verify_step
+from vllm_treespec.tree import DraftTree
+
+# root 7; node 1 (tok 4) and node 2 (tok 5) children of root; node 3 (tok 6) child of node 2
+TREE = DraftTree([7, 4, 5, 6], [-1, 0, 0, 2])
+
+
+def _plan(trees=None, drafts=None, num_scheduled=None, computed=(10, 20, 30)):
+    req_ids = ["a", "b", "c"]
+    trees = {"a": TREE} if trees is None else trees
+    drafts = {"a": [4, 5, 6]} if drafts is None else drafts
+    if num_scheduled is None:
+        num_scheduled = [len(drafts.get(r, [])) + 1 for r in req_ids]
+    qsl = np.concatenate([[0], np.cumsum(num_scheduled)])
+    return plan_tree_step(req_ids, np.array(num_scheduled), drafts, trees, qsl, np.array(computed))
+
+
+def test_plan_positions_rows_and_logits():
+    step = _plan(trees={"a": TREE, "c": DraftTree.chain(9, [1, 2])},
+                 drafts={"a": [4, 5, 6], "c": [1, 2]})
+    # batch: a = rows 0..3, b = row 4 (no drafts), c = rows 5..7
+    assert step.req_indices.tolist() == [0, 2] and step.req_ids == ["a", "c"]
+    assert step.node_rows.tolist() == [0, 1, 2, 3, 5, 6, 7]
+    assert step.positions.tolist() == [10, 11, 11, 12, 30, 31, 32]   # num_computed + depth
+    assert step.logit_rows.tolist() == [0, 1, 2, 3, 5, 6, 7]
+    assert step.max_num_draft == 3 and not step.has_foreign_drafts
+    # only the branching tree needs the mask; chains keep the stock causal kernel
+    assert step.attn.req_indices.tolist() == [0]
+    assert step.attn.rows.tolist() == [0, 1, 2, 3]
+    assert step.attn.prefix_lens.tolist() == [10]
+    assert (step.attn.anc_mask[:, 0].tolist() == [0b1, 0b11, 0b101, 0b1101])
+
+
+def test_plan_cuts_tree_to_scheduled_prefix():
+    step = _plan(drafts={"a": [4, 5]})
+    assert step.trees.tokens.tolist() == [7, 4, 5] and step.positions.tolist() == [10, 11, 11]
+
+
+def test_unknown_or_mismatched_drafts_verify_as_chain():
+    step = _plan(drafts={"a": [4, 6, 6]})          # not our tree's tokens
+    assert step.trees.parents.tolist() == [-1, 0, 1, 2] and step.attn is None
+    step = _plan(trees={}, drafts={"a": [4, 5, 6]})
+    assert step.positions.tolist() == [10, 11, 12, 13]
+
+
+def test_vllm_padding_drafts_are_left_to_vllm():
+    step = _plan(drafts={"a": [4, 5, 6], "b": [-1, -1]})
+    assert step.req_ids == ["a"] and step.has_foreign_drafts
+    assert step.logit_rows.tolist() == [0, 1, 2, 3]          # b still owns 3 logits rows after a
+
+
+def test_no_drafts_no_plan():
+    assert _plan(drafts={}) is None
+
+
+def _logits_choosing(rows: int, choice: dict[int, int], vocab: int = 16) -> torch.Tensor:
+    logits = torch.zeros(rows, vocab)
+    for r, tok in choice.items():
+        logits[r, tok] = 5.0
+    return logits
+
+
+def _greedy_params(n):
+    from vllm import SamplingParams
+
+    return [SamplingParams(temperature=0.0) for _ in range(n)]
+
+
+def test_verify_own_mode_accepts_branch_and_moves_kv():
+    step = _plan()
+    # logits rows: a -> 0..3, b -> 4, c -> 5. Target at root picks 5 (node 2), at node 2 picks 6
+    # (node 3), at node 3 picks 9 (bonus). b samples 3, c samples 2.
+    logits = _logits_choosing(6, {0: 5, 2: 6, 3: 9, 4: 3, 5: 2, 1: 1})
+    tokens, res = verify_step(step, logits, _greedy_params(3), [None] * 3, own=True, base=None)
+    assert tokens.tolist() == [[5, 6, 9, -1], [3, -1, -1, -1], [2, -1, -1, -1]]
+    step.slot_mapping = torch.tensor([100, 101, 102, 103])
+    src, dst = accepted_moves(step, res.accepted_nodes[torch.from_numpy(step.req_indices)])
+    assert src.tolist() == [102, 103] and dst.tolist() == [101, 102]  # nodes 2, 3 -> positions 1, 2
+
+
+def test_verify_mixed_mode_overwrites_only_tree_rows():
+    step = _plan()
+    logits = _logits_choosing(6, {0: 4, 1: 8})
+    base = torch.tensor([[1, 1, 1, 1], [3, -1, -1, -1], [2, -1, -1, -1]])
+    tokens, res = verify_step(step, logits, _greedy_params(1), [None], own=False, base=base)
+    assert tokens.tolist() == [[4, 8, -1, -1], [3, -1, -1, -1], [2, -1, -1, -1]]
+    step.slot_mapping = torch.tensor([100, 101, 102, 103])
+    src, dst = accepted_moves(step, res.accepted_nodes)
+    assert src.numel() == 0                                           # node prefix: nothing moves
+    with pytest.raises(RuntimeError, match="expected"):
+        verify_step(step, logits, _greedy_params(1), [None], own=False, base=base[:, :2])
+
+
+def test_sampled_requests_use_their_generators():
+    from vllm import SamplingParams
+
+    step = _plan()
+    logits = torch.randn(6, 16)
+    params = [SamplingParams(temperature=1.0, seed=1)] * 3
+
+    def run():
+        gens = [torch.Generator().manual_seed(s) for s in (1, 2, 3)]
+        return verify_step(step, logits, params, gens, own=True, base=None)[0]
+
+    assert torch.equal(run(), run())
+
+
+def test_eligibility_reasons():
+    from vllm import SamplingParams
+
+    from vllm_treespec.engine.eligibility import tree_blocker
+
+    assert tree_blocker(SamplingParams(temperature=0.7, top_p=0.9, top_k=5, min_p=0.1, seed=3,
+                                       stop=["x"]), 0) is None
+    cases = {"logprobs": dict(logprobs=0), "penalties": dict(frequency_penalty=0.2),
+             "bad_words": dict(bad_words=["x"]), "logit_bias": dict(logit_bias={1: 1.0}),
+             "allowed_token_ids": dict(allowed_token_ids=[1])}
+    for reason, kw in cases.items():
+        assert tree_blocker(SamplingParams(**kw), 0) == reason
+    assert tree_blocker(SamplingParams(min_tokens=4), 3) == "min_tokens"
+    assert tree_blocker(SamplingParams(min_tokens=4), 4) is None
+    assert tree_blocker(None, 0) == "no_sampling_params"
