@@ -1,4 +1,4 @@
-"""Serving benchmark: no speculation vs vLLM's built-in `ngram` vs treespec prompt lookup.
+"""Serving benchmark: no speculation vs vLLM's built-in `ngram` vs treespec chains and trees.
 
 One OpenAI server per configuration, all in one run, the same held-out code prompts, greedy,
 fixed output length, at each concurrency. Both speculative configs use the same K and the same
@@ -8,6 +8,13 @@ rows) under benchmarks/results/. Exit code 1 when any greedy output differs from
 
     .venv/bin/python benchmarks/bench_serving.py                      # code-lm fixture, K=8, c=1,8
     .venv/bin/python benchmarks/bench_serving.py --fixture tiny --num-prompts 4 --max-tokens 32
+    .venv/bin/python benchmarks/bench_serving.py --trees --budgets 8 16 32 64 --ngram-k 4 8
+
+With --trees, every budget B adds: treespec chain (prompt lookup, K=B), prompt-lookup trees,
+n-gram trie trees (best-first) and n-gram trie trees (beam, DART scorer), each with K=B; vLLM's
+ngram runs at every --ngram-k and the fastest at the lowest concurrency is the reference.
+Tree rows also report the worker's step-time breakdown from the treespec_* series (drafter +
+builder ms and acceptance + KV compaction ms per step).
 """
 from __future__ import annotations
 
@@ -31,6 +38,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     p.add_argument("--seed", type=int, default=0, help="prompt sampling seed")
+    p.add_argument("--trees", action="store_true", help="add the tree configs at each --budgets value")
+    p.add_argument("--budgets", type=int, nargs="+", default=[8, 16, 32, 64])
+    p.add_argument("--ngram-k", type=int, nargs="+", default=None,
+                   help="K values for vLLM's ngram (default: -k); the fastest is the reference")
     p.add_argument("--output", type=Path, default=None,
                    help="JSON path (default: benchmarks/results/bench_serving_<fixture>_<UTC time>.json)")
     return p.parse_args(argv)
@@ -56,6 +67,26 @@ def resolve_model(ns: argparse.Namespace) -> tuple[str, Path, dict]:
     return label, model_dir, meta
 
 
+def tree_configs(budgets: list[int]) -> list:
+    """Chain vs trees of each drafter at each node budget (K = budget)."""
+    from vllm_treespec.comparison import treespec
+
+    beam = {"drafter": {"type": "ngram_trie"},
+            "tree": {"builder": "beam", "topk": 4, "width": 4, "max_depth": 8, "scorer": "dart"}}
+    out = []
+    for b in budgets:
+        out += [treespec(b, "prompt-lookup"), treespec(b, "prompt-lookup-tree"),
+                treespec(b, "ngram-trie-tree"), treespec(b, beam, label="ngram-trie-beam-dart")]
+    return out
+
+
+def fastest(measurements: list, names: list[str], concurrency: int) -> str:
+    """The config among `names` with the highest tokens/s at `concurrency`."""
+    best = max((m for m in measurements if m.config in names and m.concurrency == concurrency),
+               key=lambda m: m.load.tokens_per_s)
+    return best.config
+
+
 def columns() -> list:
     """Table columns (formatters imported here so `--help` stays instant)."""
     from vllm_treespec.report import fmt_float, fmt_match, fmt_ms, fmt_ratio
@@ -64,7 +95,9 @@ def columns() -> list:
             ("tok/s", "tokens_per_s", fmt_float(1)), ("tau", "tau", fmt_float(2)),
             ("tok/step", "tokens_per_step", fmt_float(2)),
             ("lat mean ms", "latency_mean_s", fmt_ms), ("p50 ms", "latency_p50_s", fmt_ms),
-            ("p90 ms", "latency_p90_s", fmt_ms), ("exact", "exact_match", fmt_match),
+            ("p90 ms", "latency_p90_s", fmt_ms), ("nodes", "mean_tree_nodes", fmt_float(1)),
+            ("draft ms", "draft_ms_per_step", fmt_float(3)), ("verify ms", "verify_ms_per_step", fmt_float(3)),
+            ("exact", "exact_match", fmt_match),
             ("vs off", "speedup_vs_off", fmt_ratio), ("vs ngram", "speedup_vs_ref", fmt_ratio)]
 
 
@@ -82,12 +115,15 @@ def main(argv: list[str] | None = None) -> int:
     print(hardware_line(hw), flush=True)
     prompts = held_out_prompts(ns.num_prompts, ns.prompt_chars, seed=ns.seed)
     warmup = held_out_prompts(max(ns.concurrency), ns.prompt_chars, seed=ns.seed + 1000)
-    ref = vllm_ngram(k)
-    configs = [no_spec(), ref, treespec(k)]
+    ngram_ks = ns.ngram_k or [k]
+    configs = [no_spec(), *[vllm_ngram(nk) for nk in ngram_ks], treespec(k)]
+    if ns.trees:
+        configs += tree_configs(ns.budgets)
     started = dt.datetime.now(dt.timezone.utc)
     measurements = run_comparison(str(model_dir), configs, prompts, max_tokens=ns.max_tokens,
                                   concurrencies=ns.concurrency, warmup_prompts=warmup)
-    rows = summarize(measurements, baseline="off", reference=ref.name)
+    ref_name = fastest(measurements, [vllm_ngram(nk).name for nk in ngram_ks], min(ns.concurrency))
+    rows = summarize(measurements, baseline="off", reference=ref_name)
     ok = all_match(rows)
 
     print()
@@ -105,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                     "source": "vllm_treespec.fixtures.corpus.held_out_prompts"},
         "max_tokens": ns.max_tokens,
         "k": k,
+        "ngram_k": ngram_ks,
+        "reference": ref_name,
         "ngram_range": [NGRAM_MIN, NGRAM_MAX],
         "concurrencies": ns.concurrency,
         "sampling": {"temperature": 0.0, "ignore_eos": True},

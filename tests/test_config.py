@@ -35,6 +35,18 @@ def test_inline_mapping_and_budget():
     ({"drafter": {"type": "prompt_lookup", "min_ngram": 5, "max_ngram": 2}}, ["drafter.min_ngram", "min_ngram <= max_ngram"]),
     ({"drafter": {"type": "prompt_lookup", "min_ngram": True}}, ["drafter.min_ngram", "integer"]),
     ({**OK, "tree": {"builder": "beam"}}, ["tree.builder", "'beam'", "'chain'"]),
+    ({**OK, "tree": {"builder": "best_first", "topk": 4}}, ["prompt_lookup", "max_depth"]),
+    ({"drafter": {"type": "ngram_trie"}, "tree": {"builder": "beam", "tau": 0.1}},
+     ["tree.tau", "not used by builder 'beam'"]),
+    ({"drafter": {"type": "ngram_trie"}, "tree": {"builder": "threshold", "tau": 2.0}},
+     ["tree", "'tau'", "(0.0, 1.0]"]),
+    ({"drafter": {"type": "ngram_trie"}, "tree": {"builder": "best_first", "scorer": "presto",
+                                                  "weights": {"beta": 1.0}}},
+     ["tree.weights.beta", "scorer 'presto'", "lam"]),
+    ({"drafter": {"type": "ngram_trie"}, "tree": {"builder": "threshold", "scorer": "dart"}},
+     ["tree.scorer", "best_first or beam"]),
+    ({"drafter": {"type": "ngram_trie"}, "tree": {"builder": "static", "template": [4, 0]}},
+     ["tree", "template"]),
     ({**OK, "budget": {"max_nodes": 0}}, ["budget.max_nodes", "out of range"]),
     ({**OK, "budget": {"max_nodes": 9}}, ["budget.max_nodes", "num_speculative_tokens=8", "lower max_nodes"]),
     ({**OK, "budget": "big"}, ["budget", "expected a mapping"]),
@@ -84,3 +96,13 @@ def test_resolve_path_prefers_existing_file(tmp_path):
     f = tmp_path / "x.yaml"
     f.write_text("drafter: {type: prompt_lookup}\n")
     assert resolve_path(str(f)) == f.resolve()
+
+
+def test_tree_section_gives_builder_params():
+    cfg = load_config({"drafter": {"type": "ngram_trie"},
+                       "tree": {"builder": "beam", "width": 4, "topk": 8, "scorer": "dart",
+                                "weights": {"ngram_weight": 0.3}}}, 16)
+    assert cfg.tree.builder_params() == {"topk": 8, "width": 4, "scorer": "dart",
+                                         "scorer_params": {"ngram_weight": 0.3}}
+    for preset in ("prompt-lookup-tree", "ngram-trie-tree"):
+        assert load_config(preset, 16).tree.builder == "best_first"

@@ -141,3 +141,27 @@ def test_greedy_equal_under_preemption_with_trees(preempt_runs):
     assert preempt_runs["on"]["metrics"].get("vllm:num_preemptions", 0) > 0, "no preemption happened"
     assert preempt_runs["on"]["proposer"][0]["stats"]["verified_trees"] > 0
     assert_same_outputs(preempt_runs["off"], preempt_runs["on"])
+
+
+TP_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+
+
+@pytest.fixture(scope="module")
+def tp_runs(code_lm_model):
+    """Tensor parallelism 2 on CPU (one OpenMP thread per rank): each rank drafts and verifies the
+    same trees; the output rank's drafts reach the scheduler."""
+    engine = {**ENGINE, "tensor_parallel_size": 2}
+    phases = [{"name": "tp-c8", "concurrency": 8, "prompts": PROMPTS[:16], "sampling": [greedy(48)] * 16}]
+    return {"off": run_engine(code_lm_model, engine, phases, env=TP_ENV),
+            "on": run_engine(code_lm_model, {**engine, **_spec("lookup-16")}, phases,
+                             inspect_proposer=True, env=TP_ENV)}
+
+
+def test_greedy_equal_with_trees_under_tensor_parallelism(tp_runs):
+    ranks = tp_runs["on"]["proposer"]
+    assert len(ranks) == 2
+    # identical drafting and verification on both ranks
+    assert ranks[0]["stats"]["verified_nodes"] == ranks[1]["stats"]["verified_nodes"] > 0
+    assert ranks[0]["stats"]["depth_hist"] == ranks[1]["stats"]["depth_hist"]
+    assert ranks[0]["stats"]["kv_moves"] == ranks[1]["stats"]["kv_moves"]
+    assert_same_outputs(tp_runs["off"], tp_runs["on"])

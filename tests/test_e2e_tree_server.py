@@ -59,10 +59,10 @@ def served(code_lm_model):
     for name, args in (("off", ()), ("tree", TREE_ARGS)):
         with serve(code_lm_model, args) as server:
             first = run_load(server, PROMPTS, max_tokens=48, concurrency=8)
+            time.sleep(1.0)   # the last step's stats reach the API server after its outputs
+            metrics = _metric_sums(server.base_url)     # before the aborts: both sides complete
             aborted = [_abort_mid_stream(server.base_url, server.model, p) for p in PROMPTS[:4]]
             second = run_load(server, PROMPTS, max_tokens=48, concurrency=8)
-            time.sleep(1.0)   # the last step's stats reach the API server after its outputs
-            metrics = _metric_sums(server.base_url)
             health = urllib.request.urlopen(server.base_url + "/health", timeout=10).status
         results[name] = dict(first=[r.output_key() for r in first.requests],
                              second=[r.output_key() for r in second.requests],

@@ -59,8 +59,13 @@ def test_vllm_padding_drafts_are_left_to_vllm():
     assert step.logit_rows.tolist() == [0, 1, 2, 3]          # b still owns 3 logits rows after a
 
 
-def test_no_drafts_no_plan():
-    assert _plan(drafts={}) is None
+def test_no_drafts_plan_has_no_trees():
+    step = _plan(drafts={})
+    assert step.num_trees == 0 and step.attn is None and step.max_num_draft == 0
+    assert step.first_logit.tolist() == [0, 1, 2]
+    tokens, _ = verify_step(step, _logits_choosing(3, {0: 4, 1: 5, 2: 6}), _greedy_params(3),
+                            [None] * 3, include=None, base=None)
+    assert tokens.tolist() == [[4], [5], [6]]
 
 
 def _logits_choosing(rows: int, choice: dict[int, int], vocab: int = 16) -> torch.Tensor:
@@ -81,7 +86,7 @@ def test_verify_own_mode_accepts_branch_and_moves_kv():
     # logits rows: a -> 0..3, b -> 4, c -> 5. Target at root picks 5 (node 2), at node 2 picks 6
     # (node 3), at node 3 picks 9 (bonus). b samples 3, c samples 2.
     logits = _logits_choosing(6, {0: 5, 2: 6, 3: 9, 4: 3, 5: 2, 1: 1})
-    tokens, res = verify_step(step, logits, _greedy_params(3), [None] * 3, own=True, base=None)
+    tokens, res = verify_step(step, logits, _greedy_params(3), [None] * 3, include=None, base=None)
     assert tokens.tolist() == [[5, 6, 9, -1], [3, -1, -1, -1], [2, -1, -1, -1]]
     step.slot_mapping = torch.tensor([100, 101, 102, 103])
     src, dst = accepted_moves(step, res.accepted_nodes[torch.from_numpy(step.req_indices)])
@@ -92,13 +97,13 @@ def test_verify_mixed_mode_overwrites_only_tree_rows():
     step = _plan()
     logits = _logits_choosing(6, {0: 4, 1: 8})
     base = torch.tensor([[1, 1, 1, 1], [3, -1, -1, -1], [2, -1, -1, -1]])
-    tokens, res = verify_step(step, logits, _greedy_params(1), [None], own=False, base=base)
+    tokens, res = verify_step(step, logits, _greedy_params(1), [None], include=np.array([0]), base=base)
     assert tokens.tolist() == [[4, 8, -1, -1], [3, -1, -1, -1], [2, -1, -1, -1]]
     step.slot_mapping = torch.tensor([100, 101, 102, 103])
     src, dst = accepted_moves(step, res.accepted_nodes)
     assert src.numel() == 0                                           # node prefix: nothing moves
     with pytest.raises(RuntimeError, match="expected"):
-        verify_step(step, logits, _greedy_params(1), [None], own=False, base=base[:, :2])
+        verify_step(step, logits, _greedy_params(1), [None], include=np.array([0]), base=base[:, :2])
 
 
 def test_sampled_requests_use_their_generators():
@@ -110,9 +115,35 @@ def test_sampled_requests_use_their_generators():
 
     def run():
         gens = [torch.Generator().manual_seed(s) for s in (1, 2, 3)]
-        return verify_step(step, logits, params, gens, own=True, base=None)[0]
+        return verify_step(step, logits, params, gens, include=None, base=None, coin_rows=8)[0]
 
     assert torch.equal(run(), run())
+
+
+def test_mixed_mode_verifies_eligible_rows_without_drafts_too():
+    step = _plan()
+    logits = _logits_choosing(6, {0: 5, 2: 6, 3: 9, 5: 2})
+    base = torch.tensor([[1, 1, 1, 1], [3, -1, -1, -1], [7, -1, -1, -1]])
+    # rows 0 (tree) and 2 (no drafts) are ours; row 1 stays vLLM's
+    tokens, res = verify_step(step, logits, _greedy_params(2), [None] * 2, include=np.array([0, 2]),
+                              base=base)
+    assert tokens.tolist() == [[5, 6, 9, -1], [3, -1, -1, -1], [2, -1, -1, -1]]
+
+
+def test_seeded_coins_do_not_depend_on_the_cut():
+    """With a fixed coin block, a seeded request's stream moves the same whatever the cut."""
+    from vllm import SamplingParams
+
+    logits = torch.randn(6, 16)
+    params = [SamplingParams(temperature=1.0, seed=1)] * 3
+    after = []
+    for drafts in ({"a": [4, 5, 6]}, {"a": [4]}):
+        step = _plan(drafts=drafts)
+        gens = [torch.Generator().manual_seed(s) for s in (1, 2, 3)]
+        verify_step(step, logits[: step.first_logit[-1] + 1], params, gens, include=None, base=None,
+                    coin_rows=8)
+        after.append([torch.rand(1, generator=g).item() for g in gens])
+    assert after[0] == after[1]
 
 
 def test_eligibility_reasons():
@@ -130,3 +161,33 @@ def test_eligibility_reasons():
     assert tree_blocker(SamplingParams(min_tokens=4), 3) == "min_tokens"
     assert tree_blocker(SamplingParams(min_tokens=4), 4) is None
     assert tree_blocker(None, 0) == "no_sampling_params"
+
+
+def test_greedy_walk_equals_accept_greedy_on_random_trees():
+    from vllm_treespec.engine.tree_verifier import greedy_walk
+    from vllm_treespec.verify import accept
+    from vllm_treespec.verify.testing import random_tree_batch
+
+    rng = np.random.default_rng(0)
+    for trial in range(50):
+        sizes = rng.integers(1, 40, size=int(rng.integers(1, 8))).tolist()
+        tree = random_tree_batch(rng, sizes, vocab=6, max_children=3)
+        logits = torch.randn(int(tree["offsets"][-1]), 6, generator=torch.Generator().manual_seed(trial))
+        ref = accept(tree, logits, mode="greedy")
+        width = ref.emitted.shape[1]
+        walk = greedy_walk(tree["offsets"], tree["tokens"], tree["parents"], logits, width)
+        assert torch.equal(walk.emitted, ref.emitted) and torch.equal(walk.accepted_nodes, ref.accepted_nodes)
+
+
+def test_ancestor_words_equal_tree_masks():
+    from vllm_treespec.engine.tree_step import FlatTrees, ancestor_words
+    from vllm_treespec.tree import TreeBatch
+
+    rng = np.random.default_rng(1)
+    trees = []
+    for n in (1, 5, 70, 130):
+        parents = [-1] + [int(rng.integers(i)) for i in range(1, n)]
+        trees.append(DraftTree(np.arange(n), parents))
+    flat = FlatTrees.concat(trees)
+    got = ancestor_words(flat.offsets.numpy(), flat.parents.numpy(), flat.depth.numpy())
+    assert np.array_equal(got, TreeBatch.from_trees(trees).anc_mask.numpy())

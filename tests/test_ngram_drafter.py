@@ -106,3 +106,29 @@ def test_trie_is_a_rho_signal_for_presto_and_dart_scoring(trie_path):
     plain = build_tree("beam", table, budget=2, width=1, topk=2)
     presto = build_tree("beam", table, budget=2, width=1, topk=2, scorer="presto")
     assert plain.draft_token_ids() == [3, 6] and presto.draft_token_ids() == [3, 4]
+
+
+@pytest.mark.parametrize("tree", [
+    {"builder": "chain"},
+    {"builder": "best_first", "topk": 2, "max_depth": 4},
+    {"builder": "beam", "topk": 2, "width": 2, "max_depth": 4, "scorer": "dart"},
+    {"builder": "threshold", "branch": 2, "max_depth": 4, "tau": 0.01},
+])
+def test_propose_returns_trees_within_budget(trie_path, tree):
+    from vllm_treespec.config import parse_config
+
+    cfg = parse_config({"drafter": {"type": "ngram_trie", "path": str(trie_path)}, "tree": tree})
+    d = make_drafter(cfg.drafter, tokenizer_dir=None, tree_config=cfg.tree)
+    buf = np.zeros((3, 16), dtype=np.int32)
+    buf[0, :3] = [9, 1, 2]
+    buf[1, :2] = [0, 0]
+    buf[2, :4] = [5, 1, 2, 3]
+    inputs = DraftInputs(req_ids=["a", "b", "c"], token_ids=buf, rows=np.arange(3),
+                         num_tokens=np.array([3, 2, 4]), budgets=np.array([6, 6, 0]))
+    trees = d.propose(inputs)
+    assert [t.root for t in trees] == [2, 0, 3]                  # rooted at each last token
+    assert trees[0].num_draft >= 1 and trees[0].draft_token_ids()[0] == 3
+    assert trees[1].num_draft == 0 and trees[2].num_draft == 0   # unseen context; budget 0
+    for t, b in zip(trees, inputs.budgets):
+        assert t.num_draft <= b
+        t.validate()

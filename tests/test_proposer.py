@@ -120,3 +120,22 @@ def test_finished_requests_outputs_reach_online_drafters(proposer):
     runner.input_batch.num_prompt_tokens = np.array([2] + [0] * 7)
     proposer.on_requests_finished(["a", "gone"], runner)
     assert seen == [[3, 4, 5]]  # output tokens only, read before vLLM drops the row
+
+
+def test_drafters_that_ask_get_target_states_with_committed_rows(proposer):
+    from vllm_treespec.engine.tree_step import plan_tree_step
+    from vllm_treespec.tree import DraftTree
+
+    tree = DraftTree([7, 4, 5, 6], [-1, 0, 0, 2])
+    step = plan_tree_step(["a", "b"], np.array([4, 3]), {"a": [4, 5, 6]}, {"a": tree},
+                          np.array([0, 4, 7]), np.array([10, 0]))   # b: a 3-token prefill chunk
+    proposer._last_verified = (step, np.array([[2, 3, -1, -1]]))    # a accepted nodes 2 then 3
+    seen = []
+    proposer.drafter.uses_target_states = True
+    original = proposer.drafter.propose
+    proposer.drafter.propose = lambda inputs: seen.append(inputs.target) or original(inputs)
+    runner = _runner([[1, 2, 3, 9, 1, 2, 3], [4, 5, 4]], ["a", "b"])
+    proposer.propose_step(runner, _sched(), [[3], [4]], hidden_states="H", aux_hidden_states=None)
+    target = seen[0]
+    assert target.hidden == "H" and target.aux is None
+    assert [r.tolist() for r in target.rows] == [[0, 2, 3], [4, 5, 6]]

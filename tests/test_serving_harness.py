@@ -176,3 +176,20 @@ def test_served_treespec_matches_no_spec_under_concurrency():
         else:
             assert not delta.present
     assert outputs["off"] == outputs[treespec(4).name]
+
+
+def test_tree_series_are_parsed_and_windowed():
+    text = METRICS_TEXT + """\
+treespec_tree_nodes_count 10.0
+treespec_tree_nodes_sum 120.0
+treespec_tree_nodes_bucket{le="16.0"} 9.0
+treespec_draft_seconds_count{pid="7"} 10.0
+treespec_draft_seconds_sum{pid="7"} 0.02
+treespec_draft_seconds_created{pid="7"} 1.79e+09
+"""
+    m = parse_spec_metrics(text)
+    assert m.tree == {"treespec_tree_nodes_count": 10.0, "treespec_tree_nodes_sum": 120.0,
+                      "treespec_draft_seconds_count": 10.0, "treespec_draft_seconds_sum": 0.02}
+    assert m.tree_ms_per_step("treespec_draft_seconds") == pytest.approx(2.0)
+    assert (m - m).tree_ms_per_step("treespec_draft_seconds") is None
+    assert parse_spec_metrics(METRICS_TEXT).tree == {}

@@ -35,10 +35,12 @@ def vllm_ngram(k: int, min_n: int = NGRAM_MIN, max_n: int = NGRAM_MAX) -> ServeC
     return ServeConfig(f"vllm-ngram K={k}", ("--speculative-config", json.dumps(spec)))
 
 
-def treespec(k: int, preset: str = "prompt-lookup") -> ServeConfig:
+def treespec(k: int, preset: str | dict = "prompt-lookup", label: str | None = None) -> ServeConfig:
+    """treespec with `k` speculative tokens (= the node budget) and a preset name or inline config."""
     spec = {"model": "vllm_treespec.TreeProposer", "num_speculative_tokens": k}
-    return ServeConfig(f"treespec {preset} K={k}", ("--speculative-config", json.dumps(spec),
-                                                    "--additional-config", json.dumps({"treespec": preset})))
+    name = label or (preset if isinstance(preset, str) else "inline")
+    return ServeConfig(f"treespec {name} K={k}", ("--speculative-config", json.dumps(spec),
+                                                  "--additional-config", json.dumps({"treespec": preset})))
 
 
 @dataclass
@@ -153,6 +155,10 @@ def summarize(measurements: Sequence[Measurement], baseline: str,
             "exact_match": match,
             "speedup_vs_off": ratio(m.load.tokens_per_s, base.load.tokens_per_s) if base else None,
             "speedup_vs_ref": ratio(m.load.tokens_per_s, ref.load.tokens_per_s) if ref else None,
+            "draft_ms_per_step": m.spec.tree_ms_per_step("treespec_draft_seconds"),
+            "verify_ms_per_step": m.spec.tree_ms_per_step("treespec_verify_seconds"),
+            "mean_tree_nodes": (m.spec.tree["treespec_tree_nodes_sum"] / m.spec.tree["treespec_tree_nodes_count"]
+                                if m.spec.tree.get("treespec_tree_nodes_count") else None),
         })
     return rows
 

@@ -277,11 +277,18 @@ class SpecMetrics:
     accepted: float = 0.0
     accepted_per_pos: dict[int, float] = field(default_factory=dict)
     present: bool = False
+    tree: dict[str, float] = field(default_factory=dict)   # treespec_* series, summed over labels
 
     def __sub__(self, other: "SpecMetrics") -> "SpecMetrics":
         pos = {p: v - other.accepted_per_pos.get(p, 0.0) for p, v in self.accepted_per_pos.items()}
+        tree = {k: v - other.tree.get(k, 0.0) for k, v in self.tree.items()}
         return SpecMetrics(self.drafts - other.drafts, self.draft_tokens - other.draft_tokens,
-                           self.accepted - other.accepted, pos, self.present)
+                           self.accepted - other.accepted, pos, self.present, tree)
+
+    def tree_ms_per_step(self, series: str) -> float | None:
+        """Mean milliseconds per step of a treespec_*_seconds histogram over the window."""
+        count = self.tree.get(f"{series}_count", 0.0)
+        return 1e3 * self.tree.get(f"{series}_sum", 0.0) / count if count > 0 else None
 
     @property
     def tau(self) -> float | None:
@@ -297,6 +304,10 @@ def parse_spec_metrics(text: str) -> SpecMetrics:
     """Parse the spec-decode counters out of Prometheus text exposition."""
     m = SpecMetrics()
     for line in text.splitlines():
+        if line.startswith("treespec_") and (s := _SAMPLE.match(line)) and not s["name"].endswith("_created"):
+            if "_bucket" not in s["name"]:
+                m.tree[s["name"]] = m.tree.get(s["name"], 0.0) + float(s["value"])
+            continue
         if not line.startswith("vllm:spec_decode"):
             continue
         s = _SAMPLE.match(line)

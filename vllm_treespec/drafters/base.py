@@ -10,6 +10,21 @@ from vllm_treespec.tree import DraftTree
 
 
 @dataclass
+class TargetStates:
+    """The target's hidden states from this step's forward, for drafters that condition on them
+    (draft models with shared features, DART / JetSpec heads, DFlash drafters).
+
+    `hidden` is [num_step_tokens, H] (last layer, the step's flat token rows), `aux` the extra
+    layers' states when the runner collects them (vLLM's aux hidden-state layers), and `rows[i]`
+    the flat rows of the tokens request i committed this step, in order: the verified root and
+    its accepted tree path (decodes), or its prompt chunk (prefills).
+    """
+    hidden: Any
+    aux: Sequence[Any] | None
+    rows: Sequence[np.ndarray]
+
+
+@dataclass
 class DraftInputs:
     """One step's drafting inputs for the requests that decode this step.
 
@@ -23,6 +38,7 @@ class DraftInputs:
     rows: np.ndarray
     num_tokens: np.ndarray
     budgets: np.ndarray
+    target: TargetStates | None = None   # set for drafters with `uses_target_states = True`
 
     def __len__(self) -> int:
         return len(self.req_ids)
@@ -48,6 +64,7 @@ def chain_trees(inputs: DraftInputs, chains: Sequence[Sequence[int]]) -> list[Dr
 
 class Drafter(Protocol):
     name: str
+    uses_target_states: bool   # False: the proposer skips collecting TargetStates
 
     def load(self, target_model: Any) -> None:
         """Called once with the target model (drafters that share its weights use it)."""

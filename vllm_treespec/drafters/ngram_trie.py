@@ -73,6 +73,7 @@ class TrieSignal:
 
 class NgramTrieDrafter:
     name = "ngram_trie"
+    uses_target_states = False
 
     def __init__(self, config: Any, tokenizer_dir: str | Path | None, tree: Any = None) -> None:
         self.trie = load_checked_trie(config.path, tokenizer_dir, config.order)

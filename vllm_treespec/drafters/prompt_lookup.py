@@ -18,6 +18,7 @@ from vllm_treespec.tree import DraftTree
 
 class PromptLookupDrafter:
     name = "prompt_lookup"
+    uses_target_states = False
 
     def __init__(self, config: Any, tree: Any = None) -> None:
         self.min_ngram = int(config.min_ngram)

@@ -24,6 +24,7 @@ import torch
 
 from vllm_treespec.config import TreespecConfig, from_additional_config
 from vllm_treespec.drafters import DraftInputs, make_drafter
+from vllm_treespec.drafters.base import TargetStates
 from vllm_treespec.engine.eligibility import static_blocker, tree_blocker
 from vllm_treespec.engine.metrics import make_metrics
 from vllm_treespec.engine.tree_step import TreeStep, plan_tree_step
@@ -63,6 +64,7 @@ class TreeProposer:
         self.stats = TreeStats(self.num_speculative_tokens)
         self.metrics = make_metrics()
         self.draft_seconds = 0.0
+        self._last_verified: tuple[TreeStep | None, np.ndarray] = (None, np.zeros((0, 1), dtype=np.int64))
         logger.info("TreeProposer: drafter=%s builder=%s budget=%d config=%s", self.drafter.name,
                     self.config.tree.builder, self.node_budget, self.config.source)
 
@@ -113,14 +115,29 @@ class TreeProposer:
         return tree_blocker(cached.sampling_params, len(cached.output_token_ids))
 
     # -- drafting --------------------------------------------------------------------------
-    def propose_step(self, runner: Any, scheduler_output: Any,
-                     sampled_token_ids: list[list[int]]) -> list[list[int]]:
+    def propose_step(self, runner: Any, scheduler_output: Any, sampled_token_ids: list[list[int]],
+                     hidden_states: Any = None, aux_hidden_states: Any = None) -> list[list[int]]:
         """Drafts for every request in the runner's batch (the patched runner calls this)."""
         batch = runner.input_batch
         req_ids = list(batch.req_ids)
         scheduled = int(scheduler_output.num_spec_tokens_to_schedule) or self.num_speculative_tokens
+        target = None
+        if getattr(self.drafter, "uses_target_states", False) and hidden_states is not None:
+            target = TargetStates(hidden_states, aux_hidden_states, self._committed_rows(len(req_ids)))
         return self._propose(runner, req_ids, sampled_token_ids, batch.num_tokens_no_spec,
-                             batch.token_ids_cpu, min(self.node_budget, scheduled))
+                             batch.token_ids_cpu, min(self.node_budget, scheduled), target)
+
+    def _committed_rows(self, num_reqs: int) -> list[np.ndarray]:
+        """Flat step rows of each request's committed tokens (see drafters.base.TargetStates)."""
+        step, accepted = self._last_verified
+        if step is None:
+            return [np.zeros(0, dtype=np.int64)] * num_reqs
+        qsl = step.query_start_loc
+        rows = [np.arange(qsl[i], qsl[i + 1], dtype=np.int64) for i in range(step.num_reqs)]
+        for j, i in enumerate(step.req_indices.tolist()):    # trees: root + accepted path only
+            path = accepted[j][accepted[j] >= 0]
+            rows[i] = qsl[i] + np.concatenate([[0], path]).astype(np.int64)
+        return rows
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray, slot_mappings: Any = None) -> list[list[int]]:
@@ -131,7 +148,7 @@ class TreeProposer:
 
     def _propose(self, runner: Any, req_ids: list[str], sampled_token_ids: list[list[int]],
                  num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray,
-                 budget: int) -> list[list[int]]:
+                 budget: int, target: TargetStates | None = None) -> list[list[int]]:
         start = time.perf_counter()
         n = len(req_ids)
         num_tokens = np.asarray(num_tokens_no_spec[:n], dtype=np.int64)
@@ -147,7 +164,7 @@ class TreeProposer:
                 if self.metrics is not None:
                     self.metrics.observe_fallback(reason)
         inputs = DraftInputs(req_ids=req_ids, token_ids=token_ids_cpu, rows=np.arange(n, dtype=np.int64),
-                             num_tokens=num_tokens, budgets=budgets)
+                             num_tokens=num_tokens, budgets=budgets, target=target)
         trees = self.drafter.propose(inputs)
         drafts: list[list[int]] = []
         for i, (req_id, tree) in enumerate(zip(req_ids, trees)):
@@ -178,39 +195,51 @@ class TreeProposer:
 
     def sample(self, runner: Any, step: TreeStep, logits: Any,
                vllm_sample: Callable[[], Any]) -> Any:
-        """vLLM's SamplerOutput for the step, with tree requests verified as trees."""
-        from vllm_treespec.engine.runner_state import kv_caches_and_layout, request_sampling
-        from vllm_treespec.engine.tree_verifier import compact, verify_step
+        """vLLM's SamplerOutput for the step: every request trees can serve exactly is sampled
+        by tree acceptance (root-only trees for those without drafts), the rest by vLLM."""
+        from vllm_treespec.engine.runner_state import (discarded_rows, kv_caches_and_layout,
+                                                       request_sampling)
+        from vllm_treespec.engine.tree_verifier import GREEDY, compact, verify_step
 
         from vllm.v1.outputs import SamplerOutput
 
         start = time.perf_counter()
         batch_ids = list(runner.input_batch.req_ids)[:step.num_reqs]
-        own = not step.has_foreign_drafts and all(self.blocker(r, runner) is None for r in batch_ids)
-        logprobs = None
-        if own:
-            params, gens = request_sampling(runner, batch_ids)
-            tokens, result = verify_step(step, logits, params, gens, own=True, base=None)
-            accepted_nodes = result.accepted_nodes[torch.from_numpy(step.req_indices)]
-        else:
-            base = vllm_sample()
-            logprobs = base.logprobs_tensors
-            params, gens = request_sampling(runner, step.req_ids)
-            tokens, result = verify_step(step, logits, params, gens, own=False,
-                                         base=base.sampled_token_ids)
-            accepted_nodes = result.accepted_nodes
+        ours = np.fromiter((self.blocker(r, runner) is None for r in batch_ids), dtype=bool,
+                           count=step.num_reqs)
+        ours[step.req_indices] = True          # drafted trees are always verified as trees
+        ours[step.foreign] = False             # vLLM's own padding drafts stay with vLLM
+        own = bool(ours.all())
+        include = None if own else np.nonzero(ours)[0]
+        base, logprobs = None, None
+        if not own:
+            out = vllm_sample()
+            base, logprobs = out.sampled_token_ids, out.logprobs_tensors
+            if include.size == 0:
+                return out
+        rows = np.arange(step.num_reqs) if include is None else include
+        params, gens = request_sampling(runner, [batch_ids[i] for i in rows.tolist()])
+        # partial prefills: their token is discarded; sample it greedily so no seeded stream moves
+        for j in np.nonzero(discarded_rows(runner, step.num_reqs)[rows])[0].tolist():
+            params[j], gens[j] = GREEDY, None
+        tokens, result = verify_step(step, logits, params, gens, include, base,
+                                     coin_rows=self.num_speculative_tokens + 1)
+        pos = step.req_indices if include is None else np.searchsorted(include, step.req_indices)
+        accepted_nodes = result.accepted_nodes[torch.from_numpy(pos)]
         accepted_len = (accepted_nodes >= 0).sum(dim=1).numpy()
+        self._last_verified = (step, accepted_nodes.numpy())
         moved = 0
         if bool((accepted_len > 0).any()):
             caches, layout = kv_caches_and_layout(runner)
             moved = compact(step, accepted_nodes, caches, layout)
         sizes = (step.trees.offsets[1:] - step.trees.offsets[:-1]).numpy() - 1
-        for req_id, a, nodes in zip(step.req_ids, accepted_len.tolist(), sizes.tolist()):
+        for req_id, a in zip(step.req_ids, accepted_len.tolist()):
             st = self.requests.get(req_id)
             if st is not None:
                 st.accepted += a
         elapsed = time.perf_counter() - start
-        self.stats.observe_verify(elapsed, sizes, accepted_len, moved, own)
-        if self.metrics is not None:
-            self.metrics.observe_verify(elapsed, sizes.tolist(), accepted_len.tolist(), moved)
+        if step.num_trees:
+            self.stats.observe_verify(elapsed, sizes, accepted_len, moved, own)
+            if self.metrics is not None:
+                self.metrics.observe_verify(elapsed, sizes.tolist(), accepted_len.tolist(), moved)
         return SamplerOutput(sampled_token_ids=tokens, logprobs_tensors=logprobs)

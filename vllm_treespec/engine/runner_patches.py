@@ -39,7 +39,8 @@ def _wrap_propose_draft_token_ids(original: Callable[..., Any]) -> Callable[...,
             return original(self, scheduler_output, sampled_token_ids, sampling_metadata,
                             hidden_states, sample_hidden_states, aux_hidden_states,
                             spec_decode_metadata, common_attn_metadata, slot_mappings)
-        return proposer.propose_step(self, scheduler_output, sampled_token_ids)
+        return proposer.propose_step(self, scheduler_output, sampled_token_ids,
+                                     hidden_states=hidden_states, aux_hidden_states=aux_hidden_states)
 
     return propose_draft_token_ids
 
@@ -62,17 +63,17 @@ def _wrap_prepare_inputs(original: Callable[..., Any]) -> Callable[..., Any]:
         set_current_step(None)
         result = original(self, scheduler_output, num_scheduled_tokens)
         proposer = _tree_proposer(self)
-        if proposer is None or not scheduler_output.scheduled_spec_decode_tokens:
+        if proposer is None:
             return result
         num_reqs = self.input_batch.num_reqs
         step = proposer.plan_step(
             list(self.input_batch.req_ids)[:num_reqs], num_scheduled_tokens,
             scheduler_output.scheduled_spec_decode_tokens, self.query_start_loc.np[:num_reqs + 1],
             self.input_batch.num_computed_tokens_cpu[:num_reqs])
-        if step is not None:
+        if step.num_trees:
             self.positions[step.node_rows.to(self.positions.device)] = step.positions.to(self.positions.device)
             step.slot_mapping = step_slot_mapping(self, step.node_rows)
-            set_current_step(step)
+        set_current_step(step)
         return result
 
     return _prepare_inputs

@@ -6,9 +6,18 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
-__all__ = ["kv_caches_and_layout", "request_sampling", "step_slot_mapping"]
+__all__ = ["discarded_rows", "kv_caches_and_layout", "request_sampling", "step_slot_mapping"]
+
+
+def discarded_rows(runner: Any, num_reqs: int) -> np.ndarray:
+    """bool [num_reqs]: requests whose sampled token vLLM discards this step (partial prefills)."""
+    mask = getattr(runner, "discard_request_mask", None)
+    if mask is None:
+        return np.zeros(num_reqs, dtype=bool)
+    return np.asarray(mask.np[:num_reqs], dtype=bool)
 
 
 def request_sampling(runner: Any, req_ids: Sequence[str]) -> tuple[list[Any], list[torch.Generator | None]]:

@@ -24,9 +24,47 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from vllm_treespec.tree import DraftTree, TreeBatch
+from vllm_treespec.tree import DraftTree
 
-__all__ = ["AttentionPlan", "TreeStep", "plan_tree_step", "current_step", "set_current_step"]
+__all__ = ["AttentionPlan", "FlatTrees", "TreeStep", "plan_tree_step", "current_step",
+           "set_current_step"]
+
+
+@dataclass
+class FlatTrees:
+    """The step's trees in the flat layout of vllm_treespec.tree.batch (without masks)."""
+    offsets: torch.Tensor       # int64 [R+1]
+    tokens: torch.Tensor        # int64 [T]
+    parents: torch.Tensor       # int64 [T] local, -1 at roots
+    depth: torch.Tensor         # int64 [T]
+
+    @classmethod
+    def concat(cls, trees: Sequence[DraftTree]) -> "FlatTrees":
+        if not trees:
+            z = torch.zeros(0, dtype=torch.int64)
+            return cls(torch.zeros(1, dtype=torch.int64), z, z.clone(), z.clone())
+        sizes = np.fromiter((t.num_nodes for t in trees), dtype=np.int64, count=len(trees))
+        offsets = np.zeros(len(trees) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        cat = lambda name: torch.from_numpy(np.concatenate([getattr(t, name) for t in trees]).astype(np.int64, copy=False))
+        return cls(torch.from_numpy(offsets), cat("tokens"), cat("parents"), cat("depth"))
+
+
+def ancestor_words(offsets: np.ndarray, parents: np.ndarray, depth: np.ndarray) -> np.ndarray:
+    """Local ancestor-or-self bitmask words (TreeBatch.anc_mask format) of flat trees, int64
+    [T, W]: one vectorised pass per tree level over all requests at once."""
+    sizes = offsets[1:] - offsets[:-1]
+    t = int(offsets[-1])
+    words = int((sizes.max() + 63) // 64)
+    start = np.repeat(offsets[:-1], sizes)
+    local = np.arange(t, dtype=np.int64) - start
+    anc = np.zeros((t, words), dtype=np.uint64)
+    anc[np.arange(t), local >> 6] = np.left_shift(np.uint64(1), (local & 63).astype(np.uint64))
+    gparent = np.where(parents >= 0, parents + start, -1)
+    for d in range(1, int(depth.max()) + 1 if t else 0):
+        rows = np.nonzero(depth == d)[0]
+        anc[rows] |= anc[gparent[rows]]
+    return anc.view(np.int64)
 
 
 @dataclass
@@ -51,7 +89,7 @@ class TreeStep:
     num_reqs: int
     req_indices: np.ndarray      # int64 [R] batch rows
     req_ids: list[str]
-    trees: TreeBatch             # the R trees (cut to what was scheduled), flat
+    trees: FlatTrees             # the R trees (cut to what was scheduled), flat
     node_rows: torch.Tensor      # int64 [T] flat token row of every node
     positions: torch.Tensor      # int64 [T] num_computed + depth
     logit_rows: torch.Tensor     # int64 [T] row of each node in the step's logits
@@ -59,7 +97,14 @@ class TreeStep:
     slot_mapping: torch.Tensor | None  # int64 [T] KV slot of every node row (set by the runner)
     attn: AttentionPlan | None
     max_num_draft: int           # widest scheduled draft in the batch (sampler output width - 1)
-    has_foreign_drafts: bool     # some request's drafts are left to vLLM's rejection sampler
+    foreign: np.ndarray          # int64 batch rows whose drafts are left to vLLM's rejection sampler
+    first_logit: np.ndarray      # int64 [num_reqs] first logits row of each batch request
+    tree_of_req: np.ndarray      # int64 [num_reqs] index into the trees, -1 = no tree
+    query_start_loc: np.ndarray  # int64 [num_reqs + 1] flat row of each request's first token
+
+    @property
+    def has_foreign_drafts(self) -> bool:
+        return self.foreign.size > 0
 
     @property
     def num_trees(self) -> int:
@@ -72,8 +117,9 @@ def _is_chain(tree: DraftTree) -> bool:
 
 def plan_tree_step(batch_req_ids: Sequence[str], num_scheduled: np.ndarray,
                    scheduled_drafts: Mapping[str, Sequence[int]], trees: Mapping[str, DraftTree],
-                   query_start_loc: np.ndarray, num_computed: np.ndarray) -> TreeStep | None:
-    """The plan for this step, or None when no request has drafts.
+                   query_start_loc: np.ndarray, num_computed: np.ndarray) -> TreeStep:
+    """The plan for this step (with no trees when no request has drafts: sampling still runs
+    through tree acceptance, so a seeded request's random stream never depends on its batch).
 
     batch_req_ids / num_scheduled / query_start_loc [num_reqs + 1] / num_computed: the runner's
     batch in row order; scheduled_drafts: the scheduler's draft tokens per request id;
@@ -83,7 +129,7 @@ def plan_tree_step(batch_req_ids: Sequence[str], num_scheduled: np.ndarray,
     req_idx: list[int] = []
     cut: list[DraftTree] = []
     num_draft = np.zeros(num_reqs, dtype=np.int64)
-    foreign = False
+    foreign: list[int] = []
     for i, req_id in enumerate(batch_req_ids):
         drafts = scheduled_drafts.get(req_id)
         if not drafts:
@@ -93,7 +139,7 @@ def plan_tree_step(batch_req_ids: Sequence[str], num_scheduled: np.ndarray,
         if int(num_scheduled[i]) != n + 1 or min(drafts) < 0:
             # drafts behind other new tokens (not a plain decode step), or vLLM's -1 padding of
             # a newly scheduled decode (always rejected): vLLM verifies this chain itself
-            foreign = True
+            foreign.append(i)
             continue
         tree = trees.get(req_id)
         if tree is None or tree.num_draft < n or tree.tokens[1:n + 1].tolist() != list(drafts):
@@ -104,10 +150,8 @@ def plan_tree_step(batch_req_ids: Sequence[str], num_scheduled: np.ndarray,
             tree = tree.prefix(n)
         req_idx.append(i)
         cut.append(tree)
-    if not cut:
-        return None
     idx = np.asarray(req_idx, dtype=np.int64)
-    batch = TreeBatch.from_trees(cut)
+    batch = FlatTrees.concat(cut)
     sizes = (batch.offsets[1:] - batch.offsets[:-1]).numpy()
     local = np.arange(int(batch.offsets[-1]), dtype=np.int64) - np.repeat(batch.offsets[:-1].numpy(), sizes)
     q_start = np.asarray(query_start_loc, dtype=np.int64)[idx]
@@ -118,15 +162,19 @@ def plan_tree_step(batch_req_ids: Sequence[str], num_scheduled: np.ndarray,
     first_logit = np.cumsum(sampled) - sampled
     logit_rows = np.repeat(first_logit[idx], sizes) + local
     attn = _attention_plan(cut, idx, batch, node_rows, computed)
+    tree_of_req = np.full(num_reqs, -1, dtype=np.int64)
+    tree_of_req[idx] = np.arange(idx.size)
     return TreeStep(
         num_scheduled_tokens=int(np.asarray(query_start_loc)[num_reqs]), num_reqs=num_reqs,
         req_indices=idx, req_ids=[batch_req_ids[i] for i in req_idx], trees=batch,
         node_rows=torch.from_numpy(node_rows), positions=torch.from_numpy(positions),
         logit_rows=torch.from_numpy(logit_rows), num_computed=computed, slot_mapping=None,
-        attn=attn, max_num_draft=int(num_draft.max()), has_foreign_drafts=foreign)
+        attn=attn, max_num_draft=int(num_draft.max()) if num_reqs else 0,
+        foreign=np.asarray(foreign, dtype=np.int64), first_logit=first_logit, tree_of_req=tree_of_req,
+        query_start_loc=np.asarray(query_start_loc, dtype=np.int64)[:num_reqs + 1].copy())
 
 
-def _attention_plan(trees: list[DraftTree], idx: np.ndarray, batch: TreeBatch,
+def _attention_plan(trees: list[DraftTree], idx: np.ndarray, batch: FlatTrees,
                     node_rows: np.ndarray, computed: np.ndarray) -> AttentionPlan | None:
     branchy = [j for j, t in enumerate(trees) if not _is_chain(t)]
     if not branchy:
@@ -136,11 +184,11 @@ def _attention_plan(trees: list[DraftTree], idx: np.ndarray, batch: TreeBatch,
     sizes = np.array([trees[j].num_nodes for j in branchy], dtype=np.int64)
     sub_offsets = np.zeros(len(branchy) + 1, dtype=np.int64)
     np.cumsum(sizes, out=sub_offsets[1:])
-    words = max(trees[j].num_words for j in branchy)
+    anc = ancestor_words(sub_offsets, batch.parents.numpy()[sel], batch.depth.numpy()[sel])
     return AttentionPlan(
         req_indices=torch.from_numpy(idx[branchy]), rows=torch.from_numpy(node_rows[sel]),
         offsets=torch.from_numpy(sub_offsets), prefix_lens=torch.from_numpy(computed[branchy]),
-        anc_mask=batch.anc_mask[torch.from_numpy(sel), :words].contiguous())
+        anc_mask=torch.from_numpy(anc))
 
 
 # The plan of the step being executed in this worker process (None outside verification).

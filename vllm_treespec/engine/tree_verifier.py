@@ -22,7 +22,7 @@ with each request's own seeded generator when it has one.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -31,17 +31,46 @@ from vllm_treespec.engine.tree_step import TreeStep
 from vllm_treespec.verify import SamplingParamsBatch, accept
 from vllm_treespec.verify.kv_compaction import compact_kv
 
-__all__ = ["VerifyResult", "verify_step", "accepted_moves"]
+__all__ = ["verify_step", "accepted_moves", "compact"]
 
 SAMPLING_EPS = 1e-5  # vLLM's greedy threshold on temperature
 
 
-@dataclass
-class VerifyResult:
-    sampled_token_ids: torch.Tensor     # int64 [num_reqs, W]
-    accepted_len: np.ndarray            # int64 [R] accepted draft nodes per tree request
-    num_nodes: np.ndarray               # int64 [R] draft nodes verified per tree request
-    num_moves: int                      # KV slots moved
+@dataclass(frozen=True)
+class _Greedy:
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+
+GREEDY = _Greedy()   # sampling parameters of a row sampled greedily whatever the request asked
+
+
+@dataclass(frozen=True)
+class Walk:
+    """Greedy acceptance result in accept()'s layout (emitted, accepted local nodes; -1 padded)."""
+    emitted: torch.Tensor
+    accepted_nodes: torch.Tensor
+
+
+def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """vLLM's CPU greedy op where available (same tie-breaking as spec-off decoding)."""
+    op = getattr(getattr(torch.ops, "_C", None), "greedy_argmax", None)
+    if op is not None and logits.device.type == "cpu":
+        return op(logits.to(torch.float32).contiguous())
+    return logits.to(torch.float32).argmax(dim=-1)
+
+
+def greedy_walk(offsets: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
+                logits: torch.Tensor, width: int) -> Walk:
+    """Greedy tree acceptance: one argmax over all node rows, then the C++ walk."""
+    from vllm_treespec.native import native
+
+    target = greedy_argmax(logits).to(torch.int64)
+    emitted, nodes, _ = native().greedy_tree_walk(offsets.numpy(), tokens.numpy(), parents.numpy(),
+                                                  target.cpu().numpy(), width)
+    return Walk(torch.from_numpy(emitted), torch.from_numpy(nodes))
 
 
 def sampling_batch(params: Sequence[Any]) -> SamplingParamsBatch:
@@ -53,52 +82,69 @@ def sampling_batch(params: Sequence[Any]) -> SamplingParamsBatch:
         min_p=[float(p.min_p) for p in params])
 
 
-def _layout(step: TreeStep, own: bool) -> tuple[torch.Tensor, ...]:
-    """(offsets, tokens, parents, depth, logit_rows, batch_rows) of the requests accept() sees."""
+def _layout(step: TreeStep, include: np.ndarray | None) -> tuple[Any, ...]:
+    """(offsets, tokens, parents, depth, logit_rows) of the batch requests accept() verifies:
+    their trees, or root-only trees for requests without drafts. include: sorted batch rows;
+    None = every request (then logit_rows is None: all logits rows, in order, no gather copy)."""
     t = step.trees
-    if not own:
-        return (t.offsets, t.tokens, t.parents, t.depth, step.logit_rows,
-                torch.from_numpy(step.req_indices))
-    # every batch request: root-only for those without drafts, in logits order
-    sizes = torch.ones(step.num_reqs, dtype=torch.int64)
-    idx = torch.from_numpy(step.req_indices)
-    sizes[idx] = t.offsets[1:] - t.offsets[:-1]
-    offsets = torch.zeros(step.num_reqs + 1, dtype=torch.int64)
-    torch.cumsum(sizes, 0, out=offsets[1:])
+    idx = np.arange(step.num_reqs) if include is None else include
+    tree_of = step.tree_of_req[idx]
+    tree_sizes = (t.offsets[1:] - t.offsets[:-1]).numpy()
+    has_tree = tree_of >= 0
+    sizes = np.ones(idx.size, dtype=np.int64)
+    sizes[has_tree] = tree_sizes[tree_of[has_tree]]
+    offsets = np.zeros(idx.size + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
     total = int(offsets[-1])
-    tokens = torch.zeros(total, dtype=torch.int64)
-    parents = torch.full((total,), -1, dtype=torch.int64)
-    depth = torch.zeros(total, dtype=torch.int64)
-    tokens[step.logit_rows] = t.tokens
-    parents[step.logit_rows] = t.parents
-    depth[step.logit_rows] = t.depth
-    return offsets, tokens, parents, depth, torch.arange(total), torch.arange(step.num_reqs)
+    tokens = np.zeros(total, dtype=np.int64)
+    parents = np.full(total, -1, dtype=np.int64)
+    depth = np.zeros(total, dtype=np.int64)
+    if has_tree.any():
+        k = np.nonzero(has_tree)[0]
+        n = sizes[k]
+        local = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+        dst = np.repeat(offsets[k], n) + local
+        src = np.repeat(t.offsets[:-1].numpy()[tree_of[k]], n) + local
+        tokens[dst] = t.tokens.numpy()[src]
+        parents[dst] = t.parents.numpy()[src]
+        depth[dst] = t.depth.numpy()[src]
+    logit_rows = None
+    if include is not None:
+        local_all = np.arange(total) - np.repeat(offsets[:-1], sizes)
+        logit_rows = torch.from_numpy(np.repeat(step.first_logit[idx], sizes) + local_all)
+    f = torch.from_numpy
+    return f(offsets), f(tokens), f(parents), f(depth), logit_rows
 
 
 def verify_step(step: TreeStep, logits: torch.Tensor, params: Sequence[Any],
-                generators: Sequence[torch.Generator | None], own: bool,
-                base: torch.Tensor | None) -> tuple[torch.Tensor, Any]:
-    """Sampled token ids [num_reqs, W] and accept()'s result (rows of the tree requests).
+                generators: Sequence[torch.Generator | None], include: np.ndarray | None,
+                base: torch.Tensor | None, coin_rows: int | None = None) -> tuple[torch.Tensor, Any]:
+    """Sampled token ids [num_reqs, W] and the acceptance result (one row per verified request).
 
-    params / generators: per batch request (own) or per tree request (mixed); base: vLLM's
-    sampler output to overwrite (mixed) or None (own).
+    include: sorted batch rows verified here (None = all; then base is None); params /
+    generators: one per verified request; base: vLLM's sampler output whose other rows are kept;
+    coin_rows: fixed coin block per seeded request (see verify/coins.py).
     """
-    offsets, tokens, parents, depth, logit_rows, batch_rows = _layout(step, own)
+    offsets, tokens, parents, depth, logit_rows = _layout(step, include)
+    node_logits = logits if logit_rows is None else logits[logit_rows]
+    if node_logits.shape[0] != int(offsets[-1]):
+        raise RuntimeError(f"tree verification: {node_logits.shape[0]} logits rows for "
+                           f"{int(offsets[-1])} tree nodes; the step plan does not match vLLM's batch")
     width = step.max_num_draft + 1
-    sampling = sampling_batch(params)
-    greedy = bool((sampling.temperature < SAMPLING_EPS).all())
-    result = accept((offsets, tokens, parents, depth), logits[logit_rows],
-                    mode="greedy" if greedy else "target_only",
-                    sampling=None if greedy else sampling,
-                    generators=None if greedy else list(generators), max_depth=width - 1)
-    if base is None:
-        out = result.emitted
+    greedy = all(float(p.temperature) < SAMPLING_EPS for p in params)
+    if greedy:
+        result: Any = greedy_walk(offsets, tokens, parents, node_logits, width)
     else:
-        if base.shape != (step.num_reqs, width):
-            raise RuntimeError(f"vLLM's sampler returned {tuple(base.shape)}, expected "
-                               f"({step.num_reqs}, {width})")
-        out = base.clone()
-        out[batch_rows] = result.emitted.to(out.dtype)
+        result = accept((offsets, tokens, parents, depth), node_logits, mode="target_only",
+                        sampling=sampling_batch(params), generators=list(generators),
+                        max_depth=width - 1, coin_rows=coin_rows)
+    if base is None:
+        return result.emitted, result
+    if base.shape != (step.num_reqs, width):
+        raise RuntimeError(f"vLLM's sampler returned {tuple(base.shape)}, expected "
+                           f"({step.num_reqs}, {width})")
+    out = base.clone()
+    out[torch.from_numpy(include)] = result.emitted.to(out.dtype)
     return out, result
 
 

@@ -153,6 +153,7 @@ def accept(
     num_draws: torch.Tensor | None = None,
     max_depth: int | None = None,
     validate: bool = True,
+    coin_rows: int | None = None,
 ) -> AcceptResult:
     """Verify a batch of draft trees against the target's logits at every node row.
 
@@ -174,6 +175,9 @@ def accept(
         max_depth: pad outputs to max_depth + 1 columns (must be >= the deepest node).
         validate: check that draft_probs rows with children are distributions (one O(T*V)
             pass); tree structure and drafted-token checks are O(T) and always run.
+        coin_rows: requests with their own generator draw this many coin rows per call
+            (>= their node count), so a seeded request's random stream does not depend on how
+            far the scheduler cut its tree (see coins.py).
 
     Example::
 
@@ -236,6 +240,7 @@ def accept(
             2 if mode == "rrs" else 1,
             generators,
             is_greedy,
+            coin_rows,
         )
     elif generators is not None and not isinstance(generators, torch.Generator):
         if len(generators) != num_requests:

@@ -21,8 +21,13 @@ def draw_coins(
     coins_per_node: int,
     generators: Generators,
     skip: torch.Tensor,
+    block_rows: int | None = None,
 ) -> torch.Tensor:
     """Return float64 uniforms [T, coins_per_node], rows aligned with the tree rows.
+
+    ``block_rows``: a request with its own generator draws exactly this many rows (>= its node
+    count) and uses the first ones, so the stream it consumes does not depend on how many nodes
+    its tree kept after a cut; node i always gets row i of its block.
 
     ``generators``: None (torch's default generator for every request), one Generator shared by
     all requests (drawn in one call; handy for simulations), or a list with one entry per request
@@ -71,8 +76,11 @@ def draw_coins(
             if skip_list[b]:
                 continue
             lo, hi = bounds[b], bounds[b + 1]
+            rows = hi - lo if block_rows is None else block_rows
+            if rows < hi - lo:
+                raise ValueError(f"block_rows={block_rows} is smaller than request {b}'s {hi - lo} nodes")
             block = torch.rand(
-                (hi - lo, coins_per_node), dtype=torch.float64, device=g.device, generator=g
+                (rows, coins_per_node), dtype=torch.float64, device=g.device, generator=g
             )
-            coins[lo:hi] = block.to(device)
+            coins[lo:hi] = block[: hi - lo].to(device)
     return coins
