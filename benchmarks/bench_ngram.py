@@ -280,9 +280,9 @@ def main(argv: list[str] | None = None) -> int:
         "targets": {"bytes_per_node": 16.0, "us_per_context_k25": 1.0},
         "notes": ("us values are wall-clock {median, best} and thread-CPU median over rounds on a shared "
                   "2-core machine (other jobs ran; see loadavg); us_per_context_k25 is the CPU median. "
-                  "Profiling (perf) showed prob bound by the dependent loads of per-candidate binary "
-                  "searches; candidates of one context now search each child range in lockstep "
-                  "(TrieFile::prob_static), and top-k filters buffered children the same way."),
+                  "Batched prob: candidates of one context search each child range in lockstep, the "
+                  "lookups and back-off are branch-free (mispredicts on hit/miss were half the time), and "
+                  "contexts run as a prefetch pipeline (TrieFile::prob_batch); see csrc/ngram/NOTES.md."),
     }
     result["meets_targets"] = {
         "bytes_per_node": result["bytes_per_node"] <= 16.0,

@@ -80,6 +80,29 @@ def test_topk_through_top_lists(corpus, order, threshold, cap, dense, data):
         check_topk(trie, ref, contexts, ks=(1, 2, 3, 5, 9))
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(corpus=corpora(max_vocab=70), order=st.integers(1, 5), dense=DENSE, k=st.sampled_from([1, 7, 70]),
+       seed=st.integers(0, 2**32 - 1))
+def test_long_batches_equal_reference(corpus, order, dense, k, seed):
+    """Batches longer than the prefetch pipeline (contexts scored a few steps after their
+    prefetches), per-row candidates, and more candidates than one lockstep chunk (64)."""
+    vocab, streams = corpus
+    rng = np.random.default_rng(seed)
+    contexts = rng.integers(-1, vocab + 1, size=(int(rng.integers(13, 60)), 4)).astype(np.int32)
+    cands = rng.integers(-1, vocab + 2, size=(len(contexts), k)).astype(np.int32)
+    ref = DictTrie.build(streams, order)
+    with tempfile.TemporaryDirectory() as tmp:
+        trie = make(streams, order, tmp, vocab_size=vocab, dense_threshold=dense)
+        probs, orders = trie.prob_batch(contexts, cands, floor=1e-9, return_orders=True)
+        for i, ctx in enumerate(contexts.tolist()):
+            want = [ref.prob_order(ctx, int(c), 1e-9) for c in cands[i]]
+            assert [float(p) for p in probs[i]] == [w[0] for w in want], ctx
+            assert [int(o) for o in orders[i]] == [w[1] for w in want], ctx
+        np.testing.assert_array_equal(trie.prob_cursors(trie.cursors(contexts), cands, floor=1e-9), probs)
+        no_candidates = np.zeros((len(contexts), 0), np.int32)
+        assert trie.prob_batch(contexts, no_candidates).shape == (len(contexts), 0)
+
+
 @SETTINGS
 @given(corpus=corpora(), order=st.integers(1, 5), bits=st.integers(2, 6), data=st.data())
 def test_count_scaling_equals_reference(corpus, order, bits, data):

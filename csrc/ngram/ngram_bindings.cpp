@@ -69,8 +69,7 @@ py::object prob_impl(const Handle& h, const Cursor* cur, int64_t b, const Candid
     py::gil_scoped_release release;
     OnlineCounts::ReadLock lock;
     if (online) lock = online->read_lock();
-    for (int64_t i = 0; i < b; ++i)
-      h.file->prob(cur[i], c.row(i), c.k, floor, online.get(), p + i * c.k, o ? o + i * c.k : nullptr);
+    h.file->prob_batch(cur, b, c.data, c.shared ? 0 : c.k, c.k, floor, online.get(), p, o);
   }
   if (return_orders) return py::make_tuple(probs, orders);
   return std::move(probs);

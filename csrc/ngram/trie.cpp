@@ -31,10 +31,10 @@ inline int64_t find_token(const int32_t* toks, uint32_t a, uint32_t b, int32_t t
   const int32_t* lo = toks + a;
   while (n > 1) {
     const uint32_t half = n >> 1;
-    lo = (lo[half] <= t) ? lo + half : lo;
+    lo += static_cast<size_t>(half) & -static_cast<size_t>(lo[half] <= t);
     n -= half;
   }
-  return *lo == t ? (lo - toks) : -1;
+  return (lo - toks) | -static_cast<int64_t>(*lo != t);  // branch-free: presence is data
 }
 
 // Lockstep binary searches of n tokens in one sorted range: out[j] = index of tok[j], or -1.
@@ -51,18 +51,43 @@ inline void find_many(const int32_t* toks, uint32_t begin, uint32_t end, const i
   for (int j = 0; j < n; ++j) lo[j] = begin;
   while (width > 1) {
     const uint32_t half = width >> 1;
-    for (int j = 0; j < n; ++j) lo[j] = toks[lo[j] + half] <= tok[j] ? lo[j] + half : lo[j];
+    // A mask, not a conditional: the step stays branch-free whatever the compiler makes of it.
+    for (int j = 0; j < n; ++j) lo[j] += half & -static_cast<uint32_t>(toks[lo[j] + half] <= tok[j]);
     width -= half;
   }
-  for (int j = 0; j < n; ++j) out[j] = toks[lo[j]] == tok[j] ? static_cast<int64_t>(lo[j]) : -1;
+  // -1 without a branch on whether the token was found (that is data the predictor cannot learn).
+  for (int j = 0; j < n; ++j)
+    out[j] = static_cast<int64_t>(lo[j]) | -static_cast<int64_t>(toks[lo[j]] != tok[j]);
 }
 
-// Portable popcount (the baseline x86-64 target has no POPCNT instruction).
-inline uint64_t popcount64(uint64_t x) {
-  x = x - ((x >> 1) & 0x5555555555555555ull);
-  x = (x & 0x3333333333333333ull) + ((x >> 2) & 0x3333333333333333ull);
-  x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0Full;
-  return (x * 0x0101010101010101ull) >> 56;
+// Hardware POPCNT where the CPU has it: the baseline x86-64 target does not assume it, so on
+// Linux/x86-64 the dense lookups are compiled twice and the loader picks (an ifunc).
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__)
+#define TREESPEC_POPCNT_CLONES __attribute__((target_clones("popcnt", "default")))
+#else
+#define TREESPEC_POPCNT_CLONES
+#endif
+
+// Dense-index lookups under one node: pos[j] = the child id of tok[j], or -1. Branch-free (a
+// token's presence is data the branch predictor cannot learn); tokens outside the vocabulary read
+// word 0 and miss. Returns false if the index names a position past the node's children.
+TREESPEC_POPCNT_CLONES
+bool dense_many(const uint64_t* bits, const uint32_t* rank, uint32_t begin, uint32_t end, uint32_t vocab,
+                const int32_t* tok, int n, int64_t* pos) {
+  bool ok = true;
+  for (int j = 0; j < n; ++j) {
+    const uint32_t t = static_cast<uint32_t>(tok[j]);
+    const bool in = t < vocab;
+    const uint32_t w = in ? t >> 6 : 0;
+    const uint64_t word = bits[w];
+    const uint32_t b = t & 63;
+    const bool hit = in & static_cast<bool>((word >> b) & 1);
+    const uint64_t below = word & ((uint64_t{1} << b) - 1);
+    const uint64_t ch = uint64_t{begin} + rank[w] + static_cast<uint64_t>(__builtin_popcountll(below));
+    ok &= !hit | (ch < end);
+    pos[j] = static_cast<int64_t>(ch) | -static_cast<int64_t>(!hit);
+  }
+  return ok;
 }
 
 // "a ranks before b": higher probability, then smaller token.
@@ -210,26 +235,55 @@ std::shared_ptr<const TrieFile> TrieFile::open(const std::string& path) {
 
 // ---------------------------------------------------------------- node access
 
-TrieFile::Range TrieFile::children(uint32_t node, int depth) const {
+// The checks below run on every query; their failure paths (building the message) live out of
+// line so that the checks themselves inline into the hot loops.
+void TrieFile::bad_children(uint32_t node, int depth, uint32_t a, uint32_t b) const {
+  corrupt("children of node " + std::to_string(node) + " [" + std::to_string(a) + ", " + std::to_string(b) +
+          ") leave depth " + std::to_string(depth + 1));
+}
+
+void TrieFile::bad_unigram(int32_t token, uint32_t v) const {
+  corrupt("unigram_index[" + std::to_string(token) + "] = " + std::to_string(v) + " is not a unigram");
+}
+
+void TrieFile::bad_dense(uint32_t node) const {
+  corrupt("dense index of node " + std::to_string(node) + " names a non-child");
+}
+
+inline TrieFile::Range TrieFile::children(uint32_t node, int depth) const {
   const uint32_t a = first_child_[node], b = first_child_[node + 1];
-  if (a > b || a < level_start_[depth + 1] || b > level_start_[depth + 2])
-    corrupt("children of node " + std::to_string(node) + " [" + std::to_string(a) + ", " +
-            std::to_string(b) + ") leave depth " + std::to_string(depth + 1));
+  if (a > b || a < level_start_[depth + 1] || b > level_start_[depth + 2]) bad_children(node, depth, a, b);
   return {a, b};
 }
 
-uint32_t TrieFile::unigram(int32_t token) const {
-  if (token < 0 || static_cast<uint32_t>(token) >= header_->vocab_size) return kNoNode;
+inline uint32_t TrieFile::unigram(int32_t token) const {
+  if (static_cast<uint32_t>(token) >= header_->vocab_size) return kNoNode;  // also every negative token
   const uint32_t v = unigram_index_[token];
-  if (v != kNoNode && (v < level_start_[1] || v >= level_start_[2]))
-    corrupt("unigram_index[" + std::to_string(token) + "] = " + std::to_string(v) + " is not a unigram");
+  if (v != kNoNode && (v < level_start_[1] || v >= level_start_[2])) bad_unigram(token, v);
   return v;
 }
 
+// Slot of `node` (depth >= 1, children r) in the dense index, or -1 when it has no bitmap.
+inline int64_t TrieFile::dense_slot(uint32_t node, Range r) const {
+  if (header_->dense_threshold == 0 || r.end - r.begin < header_->dense_threshold) return -1;
+  const uint32_t* end = dense_nodes_ + header_->num_dense_nodes;
+  const uint32_t* it = std::lower_bound(dense_nodes_, end, node);
+  return it != end && *it == node ? it - dense_nodes_ : -1;
+}
+
+// A node with a bitmap answers in O(1) (cursors then skip the binary searches over the widest
+// child ranges: the unigrams' children).
 uint32_t TrieFile::child(uint32_t node, int depth, int32_t token) const {
   if (depth == 0) return unigram(token);
   const Range r = children(node, depth);
-  const int64_t i = find_token(tokens_, r.begin, r.end, token);
+  const int64_t slot = dense_slot(node, r);
+  int64_t i;
+  if (slot < 0) {
+    i = find_token(tokens_, r.begin, r.end, token);
+  } else if (!dense_many(dense_bits_ + slot * words_, dense_rank_ + slot * words_, r.begin, r.end,
+                         header_->vocab_size, &token, 1, &i)) {
+    bad_dense(node);
+  }
   return i < 0 ? kNoNode : static_cast<uint32_t>(i);
 }
 
@@ -290,14 +344,10 @@ TrieFile::Levels TrieFile::levels(const Cursor& c, const OnlineCounts* online) c
     lv.range[L] = lv.has_node[L] ? children(lv.node[L], L) : Range{0, 0};
     lv.bits[L] = nullptr;
     lv.rank[L] = nullptr;
-    if (L > 0 && lv.has_node[L] && header_->dense_threshold != 0 &&
-        lv.range[L].end - lv.range[L].begin >= header_->dense_threshold) {
-      const uint32_t* end = dense_nodes_ + header_->num_dense_nodes;
-      const uint32_t* it = std::lower_bound(dense_nodes_, end, lv.node[L]);
-      if (it != end && *it == lv.node[L]) {
-        lv.bits[L] = dense_bits_ + (it - dense_nodes_) * words_;
-        lv.rank[L] = dense_rank_ + (it - dense_nodes_) * words_;
-      }
+    const int64_t slot = L > 0 && lv.has_node[L] ? dense_slot(lv.node[L], lv.range[L]) : -1;
+    if (slot >= 0) {
+      lv.bits[L] = dense_bits_ + slot * words_;
+      lv.rank[L] = dense_rank_ + slot * words_;
     }
     lv.slot[L] = online ? online->find(key) : nullptr;
     const double static_total = lv.has_node[L] ? static_cast<double>(totals_[lv.node[L]]) : 0.0;
@@ -332,45 +382,170 @@ void TrieFile::prob(const Cursor& c, const int32_t* cand, int64_t k, double floo
   }
 }
 
-// The hot path (no online layer): all candidates of a context search the same child range at
-// each level, so they search it together (find_many); hits leave the batch, the rest back off.
-void TrieFile::prob_static(const Levels& lv, const int32_t* cand, int64_t k, double floor, double* probs,
-                           int8_t* orders) const {
+// Backoff without the counts: node[i] = the node whose count scores cand[i] and level[i] = the
+// suffix length whose total divides it (-1, node 0: floor). All candidates search a level's
+// child range together (lookup_many); hits leave the batch, the rest back off. The counts are
+// read later (finish), so a caller can overlap their cache misses with other work; their lines
+// are prefetched here.
+void TrieFile::locate(const Levels& lv, const int32_t* cand, int64_t k, uint32_t* node, int8_t* level) const {
   for (int64_t base = 0; base < k; base += kFindChunk) {
     const int n = static_cast<int>(std::min<int64_t>(kFindChunk, k - base));
-    int idx[kFindChunk];
-    int32_t tok[kFindChunk];
-    int64_t pos[kFindChunk];
-    int pending = n;
-    for (int j = 0; j < n; ++j) {
-      idx[j] = j;
-      tok[j] = cand[base + j];
-      probs[base + j] = floor;
-      if (orders) orders[base + j] = -1;
+    locate_chunk(lv, cand + base, n, node + base, level + base);
+  }
+}
+
+void TrieFile::locate_chunk(const Levels& lv, const int32_t* cand, int n, uint32_t* node_out,
+                            int8_t* level_out) const {
+  // Local arrays: stores through the int8_t* outputs could alias anything (char aliasing) and
+  // would make the compiler reload every value in the loops below after each store.
+  int idx[kFindChunk];
+  int32_t tok[kFindChunk];
+  int64_t pos[kFindChunk];
+  uint32_t node[kFindChunk];
+  int8_t level[kFindChunk];
+  for (int j = 0; j < n; ++j) {
+    idx[j] = j;
+    tok[j] = cand[j];
+    node[j] = kNoNode;
+    level[j] = -1;
+  }
+  int pending = n;
+  for (int L = lv.m; L >= 1 && pending > 0; --L) {
+    if (!lv.has_node[L] || !(lv.denom[L] > 0.0)) continue;
+    lookup_many(lv, L, tok, pending, pos);
+    // Branch-free (masks, not conditionals, which the compiler may turn back into branches):
+    // whether a token is a child is data the branch predictor cannot learn.
+    int keep = 0;
+    for (int j = 0; j < pending; ++j) {
+      const uint64_t miss = static_cast<uint64_t>(pos[j] >> 63);  // all ones when absent
+      const uint64_t found = static_cast<uint64_t>(pos[j]) & ~miss;
+      const int at = idx[j];
+      __builtin_prefetch(counts_ + found);
+      node[at] = static_cast<uint32_t>(found);                                  // kNoNode when absent
+      level[at] = static_cast<int8_t>(static_cast<uint64_t>(L) | miss);  // -1 when absent
+      idx[keep] = at;
+      tok[keep] = tok[j];
+      keep += static_cast<int>(miss & 1);
     }
-    for (int L = lv.m; L >= 1 && pending > 0; --L) {
-      if (!lv.has_node[L] || !(lv.denom[L] > 0.0)) continue;
-      lookup_many(lv, L, tok, pending, pos);
-      int keep = 0;
-      for (int j = 0; j < pending; ++j) {
-        if (pos[j] >= 0) {
-          probs[base + idx[j]] = static_cast<double>(counts_[pos[j]]) / lv.denom[L];
-          if (orders) orders[base + idx[j]] = static_cast<int8_t>(L);
-        } else {
-          idx[keep] = idx[j];
-          tok[keep] = tok[j];
-          ++keep;
-        }
-      }
-      pending = keep;
-    }
-    if (pending == 0 || !(lv.denom[0] > 0.0)) continue;
+    pending = keep;
+  }
+  if (pending > 0 && lv.denom[0] > 0.0) {
     for (int j = 0; j < pending; ++j) {
       const uint32_t u = unigram(tok[j]);
-      if (u == kNoNode) continue;
-      probs[base + idx[j]] = static_cast<double>(counts_[u]) / lv.denom[0];
-      if (orders) orders[base + idx[j]] = 0;
+      node[idx[j]] = u;
+      level[idx[j]] = u == kNoNode ? int8_t{-1} : int8_t{0};
     }
+  }
+  std::memcpy(node_out, node, sizeof(uint32_t) * n);
+  std::memcpy(level_out, level, n);
+}
+
+// probs[i] = count(node[i]) / denominator of level[i], or floor; the division is the reference's.
+void TrieFile::finish(const Levels& lv, const uint32_t* __restrict node, const int8_t* __restrict level,
+                      int64_t k, double floor, double* __restrict probs, int8_t* __restrict orders) const {
+  const uint32_t* counts = counts_;
+  for (int64_t i = 0; i < k; ++i) {
+    const int L = level[i];
+    probs[i] = L < 0 ? floor : static_cast<double>(counts[node[i]]) / lv.denom[L];
+  }
+  if (orders) std::memcpy(orders, level, static_cast<size_t>(k));
+}
+
+// The hot path without an online layer, for one context.
+void TrieFile::prob_static(const Levels& lv, const int32_t* cand, int64_t k, double floor, double* probs,
+                           int8_t* orders) const {
+  uint32_t node[kFindChunk];
+  int8_t level[kFindChunk];
+  for (int64_t base = 0; base < k; base += kFindChunk) {
+    const int n = static_cast<int>(std::min<int64_t>(kFindChunk, k - base));
+    locate_chunk(lv, cand + base, n, node, level);
+    finish(lv, node, level, n, floor, probs + base, orders ? orders + base : nullptr);
+  }
+}
+
+// Batched prob() is a software pipeline over the contexts (below). Each stage requests the lines
+// the next stage will read, kPipelineDistance contexts ahead, so that while one context is being
+// scored the cache misses of the next few are in flight instead of being waited for one by one.
+constexpr int64_t kPipelineDistance = 4;
+constexpr uint64_t kPrefetchLines = 8;  // of a sorted child range: all of it up to this many lines
+
+// Stage 1: the child offsets and totals of a context's suffix nodes (only hints: a prefetch of a
+// bad address never faults, so nothing here needs validating).
+void TrieFile::prefetch_nodes(const Cursor& c) const {
+  const uint64_t internal = header_->num_internal;
+  for (uint32_t j = 0; j < c.length && j < kMaxOrder - 1; ++j) {
+    const uint32_t v = c.nodes[j];
+    if (v == kNoNode || v >= internal) continue;
+    __builtin_prefetch(first_child_ + v);
+    __builtin_prefetch(first_child_ + v + 1);
+    __builtin_prefetch(totals_ + v);
+  }
+}
+
+// Stage 2 (levels() has read the offsets, so the child ranges are known): the lines the
+// candidates' lookups read first. A dense node: its whole bitmap and rank table when small, else
+// each candidate's words. A sorted range: all of it when short, else the probes of the first
+// binary-search steps (evenly spaced).
+void TrieFile::prefetch_lookups(const Levels& lv, const int32_t* cand, int64_t k) const {
+  constexpr uint64_t kLine = 64;
+  const uint32_t vocab = header_->vocab_size;
+  for (int L = 1; L <= lv.m; ++L) {
+    if (!lv.has_node[L]) continue;
+    if (lv.bits[L] != nullptr) {
+      if (words_ * sizeof(uint64_t) <= 8 * kLine) {
+        const char* bits = reinterpret_cast<const char*>(lv.bits[L]);
+        const char* rank = reinterpret_cast<const char*>(lv.rank[L]);
+        for (uint64_t x = 0; x < words_ * sizeof(uint64_t); x += kLine) __builtin_prefetch(bits + x);
+        for (uint64_t x = 0; x < words_ * sizeof(uint32_t); x += kLine) __builtin_prefetch(rank + x);
+        continue;
+      }
+      for (int64_t i = 0; i < k; ++i) {
+        const uint32_t t = static_cast<uint32_t>(cand[i]);
+        if (t >= vocab) continue;
+        __builtin_prefetch(lv.bits[L] + (t >> 6));
+        __builtin_prefetch(lv.rank[L] + (t >> 6));
+      }
+      continue;
+    }
+    const Range r = lv.range[L];
+    if (r.end <= r.begin) continue;
+    const uint64_t n = r.end - r.begin, per_line = kLine / sizeof(int32_t);
+    if (n <= kPrefetchLines * per_line) {
+      for (uint64_t x = r.begin; x < r.end; x += per_line) __builtin_prefetch(tokens_ + x);
+      __builtin_prefetch(tokens_ + r.end - 1);
+    } else {
+      for (uint64_t q = 0; q <= kPrefetchLines; ++q)
+        __builtin_prefetch(tokens_ + r.begin + (n - 1) * q / kPrefetchLines);
+    }
+  }
+}
+
+void TrieFile::prob_batch(const Cursor* cur, int64_t b, const int32_t* cand, int64_t stride, int64_t k,
+                          double floor, const OnlineCounts* online, double* probs, int8_t* orders) const {
+  if (k <= 0) return;
+  if (online != nullptr || b <= 1) {  // the online layer has its own (per-candidate) path
+    for (int64_t i = 0; i < b; ++i)
+      prob(cur[i], cand + i * stride, k, floor, online, probs + i * k, orders ? orders + i * k : nullptr);
+    return;
+  }
+  // Context i passes through prefetch_nodes at step i - 3d, levels() + prefetch_lookups at
+  // i - 2d, locate() (which prefetches the counts it will need) at i - d and finish() at step i.
+  constexpr int64_t d = kPipelineDistance, ring = 2 * d + 1;  // a context's Levels live 2d steps
+  std::vector<Levels> lv(static_cast<size_t>(ring));
+  std::vector<uint32_t> node(static_cast<size_t>(ring * k));
+  std::vector<int8_t> level(static_cast<size_t>(ring * k));
+  for (int64_t s = -3 * d; s < b; ++s) {
+    const int64_t a = s + 3 * d, l = s + 2 * d, c = s + d;
+    if (a < b) prefetch_nodes(cur[a]);
+    if (l >= 0 && l < b) {
+      lv[l % ring] = levels(cur[l], nullptr);
+      prefetch_lookups(lv[l % ring], cand + l * stride, k);
+    }
+    if (c >= 0 && c < b)
+      locate(lv[c % ring], cand + c * stride, k, &node[(c % ring) * k], &level[(c % ring) * k]);
+    if (s >= 0)
+      finish(lv[s % ring], &node[(s % ring) * k], &level[(s % ring) * k], k, floor, probs + s * k,
+             orders ? orders + s * k : nullptr);
   }
 }
 
@@ -383,19 +558,8 @@ void TrieFile::lookup_many(const Levels& lv, int L, const int32_t* tok, int n, i
     find_many(tokens_, r.begin, r.end, tok, n, pos);
     return;
   }
-  const uint64_t* bits = lv.bits[L];
-  const uint32_t* rank = lv.rank[L];
-  for (int j = 0; j < n; ++j) {
-    const int32_t t = tok[j];
-    pos[j] = -1;
-    if (t < 0 || static_cast<uint32_t>(t) >= header_->vocab_size) continue;
-    const uint64_t word = bits[t >> 6];
-    const uint64_t below = word & ((uint64_t{1} << (t & 63)) - 1);
-    if (((word >> (t & 63)) & 1) == 0) continue;
-    const uint64_t ch = static_cast<uint64_t>(r.begin) + rank[t >> 6] + popcount64(below);
-    if (ch >= r.end) corrupt("dense index of node " + std::to_string(lv.node[L]) + " names a non-child");
-    pos[j] = static_cast<int64_t>(ch);
-  }
+  if (!dense_many(lv.bits[L], lv.rank[L], r.begin, r.end, header_->vocab_size, tok, n, pos))
+    bad_dense(lv.node[L]);
 }
 
 uint32_t TrieFile::lookup_one(const Levels& lv, int L, int32_t token) const {

@@ -75,6 +75,11 @@ class TrieFile {
   // probs[i] (and orders[i] = suffix length used, -1 for floor; orders may be null).
   void prob(const Cursor& c, const int32_t* candidates, int64_t k, double floor,
             const OnlineCounts* online, double* probs, int8_t* orders) const;
+  // prob() for b contexts: candidates of context i at cand + i * cand_stride (stride 0: shared),
+  // outputs at probs + i * k (and orders + i * k). Without an online layer, the memory each
+  // context needs is prefetched a few contexts ahead, so the contexts' cache misses overlap.
+  void prob_batch(const Cursor* cur, int64_t b, const int32_t* cand, int64_t cand_stride, int64_t k,
+                  double floor, const OnlineCounts* online, double* probs, int8_t* orders) const;
   // The k most probable next tokens (by prob(), ties by smaller token), best first.
   std::vector<Scored> topk(const Cursor& c, int64_t k, const OnlineCounts* online) const;
 
@@ -88,6 +93,10 @@ class TrieFile {
  private:
   TrieFile() = default;
   [[noreturn]] void corrupt(const std::string& what) const;
+  [[noreturn, gnu::cold, gnu::noinline]] void bad_children(uint32_t node, int depth, uint32_t a,
+                                                           uint32_t b) const;
+  [[noreturn, gnu::cold, gnu::noinline]] void bad_unigram(int32_t token, uint32_t v) const;
+  [[noreturn, gnu::cold, gnu::noinline]] void bad_dense(uint32_t node) const;
 
   // Everything a query needs about each suffix length L = 0..m of one context.
   struct Levels {
@@ -103,10 +112,17 @@ class TrieFile {
   };
   Levels levels(const Cursor& c, const OnlineCounts* online) const;
   Range children(uint32_t node, int depth) const;
+  int64_t dense_slot(uint32_t node, Range r) const;
   void lookup_many(const Levels& lv, int level, const int32_t* tok, int n, int64_t* pos) const;
   uint32_t lookup_one(const Levels& lv, int level, int32_t token) const;
   void verify_dense() const;
   uint32_t unigram(int32_t token) const;
+  void prefetch_nodes(const Cursor& c) const;
+  void prefetch_lookups(const Levels& lv, const int32_t* cand, int64_t k) const;
+  void locate(const Levels& lv, const int32_t* cand, int64_t k, uint32_t* node, int8_t* level) const;
+  void locate_chunk(const Levels& lv, const int32_t* cand, int n, uint32_t* node, int8_t* level) const;
+  void finish(const Levels& lv, const uint32_t* node, const int8_t* level, int64_t k, double floor,
+              double* probs, int8_t* orders) const;
   void prob_static(const Levels& lv, const int32_t* cand, int64_t k, double floor, double* probs,
                    int8_t* orders) const;
   void mark_seen_above(const Levels& lv, int level, const OnlineCounts* online, const int32_t* tok, int n,
