@@ -15,6 +15,7 @@
 #include "ngram/freeze.h"
 #include "ngram/online.h"
 #include "ngram/trie.h"
+#include "tree/trie_ngram.h"
 
 namespace py = pybind11;
 using treespec::ngram::Cursor;
@@ -278,6 +279,11 @@ void register_ngram(py::module_& parent) {
             }
             return topk_impl(h, cur.data(), b, k);
           }, py::arg("contexts"), py::arg("k"))
+      .def("scorer", [](const Handle& h, double floor) {
+            return std::make_unique<treespec::tree::TrieNgram>(h.file, h.online, floor);
+          }, py::arg("floor"),
+          "This trie as a C++ NgramScorer (TrieNgram) for the C++ tree builders; it keeps the online "
+          "layer active now.")
       .def("enable_online", [](Handle& h, uint64_t capacity_bytes, double weight) {
             h.online = std::make_shared<OnlineCounts>(h.file->order(), capacity_bytes, weight);
           }, py::arg("capacity_bytes"), py::arg("weight"))
@@ -310,6 +316,15 @@ void register_ngram(py::module_& parent) {
             d["weight"] = h.online->weight();
             return std::move(d);
           });
+
+  // After bind_tree (csrc/bindings.cpp), which registers the NgramScorer base class.
+  py::class_<treespec::tree::TrieNgram, treespec::tree::NgramScorer>(
+      m, "TrieNgram",
+      "A trie as an n-gram scorer: log P(token | context) with longest-suffix backoff, log(floor) "
+      "when no suffix has seen the token. Made by Trie.scorer(floor).")
+      .def_property_readonly("floor", &treespec::tree::TrieNgram::floor_value)
+      .def_property_readonly("order", [](const treespec::tree::TrieNgram& s) { return s.file().order(); })
+      .def_property_readonly("path", [](const treespec::tree::TrieNgram& s) { return s.file().path(); });
 
   py::class_<NgramCounter>(m, "Counter", "Counts one shard's n-grams within a memory bound, spilling sorted runs.")
       .def(py::init([](int order, uint64_t memory_bytes, const std::string& spill_prefix) {

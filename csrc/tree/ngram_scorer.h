@@ -2,8 +2,8 @@
 //
 // `NgramScorer` is the interface the C++ builders call (without the GIL, possibly from several
 // threads at once, so implementations must be safe for concurrent const calls). The production
-// n-gram trie (later issue) implements it; `TableNgram` is a small in-memory table filled from
-// Python, used now to test the builders against the Python reference.
+// n-gram trie implements it as `TrieNgram` (tree/trie_ngram.h); `TableNgram` is a small
+// in-memory table filled from Python, used to test the builders against the Python reference.
 #pragma once
 
 #include <cstddef>

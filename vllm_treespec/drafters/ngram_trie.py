@@ -70,6 +70,11 @@ class TrieSignal:
         ctx = [int(t) for t in context][-self.context_len:]
         return np.log(self.trie.prob(ctx, np.asarray(candidates, dtype=np.int32), floor=self.floor))
 
+    def native(self) -> Any:
+        """The C++ twin the C++ tree builders score with (`NgramTrie.scorer`): same backoff and
+        floor, with the C library's log. Made per call, so it sees the trie's current online layer."""
+        return self.trie.scorer(self.floor)
+
 
 class NgramTrieDrafter:
     name = "ngram_trie"

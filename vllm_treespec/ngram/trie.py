@@ -168,6 +168,15 @@ class NgramTrie:
         """Like topk_batch, for cursors."""
         return self._t.topk(cursors, int(k))
 
+    # ------------------------------------------------------------------ tree scoring
+
+    def scorer(self, floor: float = 0.0) -> Any:
+        """This trie as a C++ n-gram scorer (`_C.ngram.TrieNgram`, an `_C.NgramScorer`) for the C++
+        tree builders: log prob(candidate | context) with the same backoff, log(floor) for unseen
+        candidates. It keeps the file mapped and the online layer active now (a later
+        enable_online() needs a new scorer)."""
+        return self._t.scorer(float(floor))
+
     # ------------------------------------------------------------------ online layer
 
     def enable_online(self, capacity_mb: float = 16.0, weight: float = 1.0) -> None:

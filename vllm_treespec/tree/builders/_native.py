@@ -1,7 +1,8 @@
 """Dispatch to the C++ builders (`_C.tree_beam_search`, `_C.tree_best_first`).
 
 The C++ path runs for a DepthTable with a built-in (linear) scorer whose n-gram signal, if any,
-has a C++ twin (`_C.NgramScorer`, or an object with ``native()`` such as `NgramTable`).
+has a C++ twin (`_C.NgramScorer`, or an object with ``native()`` such as `NgramTable` or the n-gram
+trie drafter's `TrieSignal`).
 ``backend="auto"`` picks C++ when possible, ``"python"`` forces the reference, ``"cpp"`` raises
 if C++ cannot run (and says why).
 """
