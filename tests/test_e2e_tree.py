@@ -147,13 +147,14 @@ TP_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
 
 
 @pytest.fixture(scope="module")
-def tp_runs(code_lm_model):
+def tp_runs(tiny_model):
     """Tensor parallelism 2 on CPU (one OpenMP thread per rank): each rank drafts and verifies the
-    same trees; the output rank's drafts reach the scheduler."""
+    same trees; the output rank's drafts reach the scheduler. The tiny fixture (2 KV heads; the
+    code-LM has one, which TP=2 cannot split)."""
     engine = {**ENGINE, "tensor_parallel_size": 2}
     phases = [{"name": "tp-c8", "concurrency": 8, "prompts": PROMPTS[:16], "sampling": [greedy(48)] * 16}]
-    return {"off": run_engine(code_lm_model, engine, phases, env=TP_ENV),
-            "on": run_engine(code_lm_model, {**engine, **_spec("lookup-16")}, phases,
+    return {"off": run_engine(tiny_model, engine, phases, env=TP_ENV),
+            "on": run_engine(tiny_model, {**engine, **_spec("lookup-16")}, phases,
                              inspect_proposer=True, env=TP_ENV)}
 
 

@@ -34,11 +34,11 @@ def test_plan_positions_rows_and_logits():
     assert step.positions.tolist() == [10, 11, 11, 12, 30, 31, 32]   # num_computed + depth
     assert step.logit_rows.tolist() == [0, 1, 2, 3, 5, 6, 7]
     assert step.max_num_draft == 3 and not step.has_foreign_drafts
-    # only the branching tree needs the mask; chains keep the stock causal kernel
-    assert step.attn.req_indices.tolist() == [0]
-    assert step.attn.rows.tolist() == [0, 1, 2, 3]
+    # only rows off the first chain need the mask (nodes 2 and 3 of a); chains keep the stock kernel
+    assert step.attn.req_indices.tolist() == [0] and step.attn.tree_sizes.tolist() == [4]
+    assert step.attn.rows.tolist() == [2, 3] and step.attn.offsets.tolist() == [0, 2]
     assert step.attn.prefix_lens.tolist() == [10]
-    assert (step.attn.anc_mask[:, 0].tolist() == [0b1, 0b11, 0b101, 0b1101])
+    assert step.attn.anc_mask[:, 0].tolist() == [0b101, 0b1101]
 
 
 def test_plan_cuts_tree_to_scheduled_prefix():

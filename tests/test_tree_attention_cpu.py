@@ -209,3 +209,21 @@ def test_chain_matches_vllm_cpu_attention_kernel(isa, dtype, d):
     out = tree_attention(query, kc, vc, table, torch.tensor(prefixes), batch.offsets,
                          batch.anc_mask, 0.125, layout=isa)
     torch.testing.assert_close(out.float(), expected.float(), atol=ATOL[dtype], rtol=1e-2)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_any_subset_of_rows_equals_the_full_computation(seed):
+    """With tree_sizes, only some rows of each tree are recomputed (the engine skips rows whose
+    ancestors are exactly the rows before them); they equal the same rows of the full call."""
+    sizes, prefixes = [9, 70, 20], [5, 33, 64]
+    batch, table, kv, query = _case(seed, "vec", torch.float32, 16, 32, sizes, prefixes, 4, 2)
+    kc, vc = split_kv(kv)
+    full = tree_attention(query, kc, vc, table, torch.tensor(prefixes), batch.offsets,
+                          batch.anc_mask, 0.3, layout="vec")
+    rng = np.random.default_rng(seed)
+    keep = [np.sort(rng.choice(n, size=max(1, n // 3), replace=False)) for n in sizes]
+    rows = torch.from_numpy(np.concatenate([int(o) + k for o, k in zip(batch.offsets[:-1], keep)]))
+    offsets = torch.tensor(np.concatenate([[0], np.cumsum([len(k) for k in keep])]))
+    part = tree_attention(query[rows], kc, vc, table, torch.tensor(prefixes), offsets,
+                          batch.anc_mask[rows], 0.3, layout="vec", tree_sizes=torch.tensor(sizes))
+    torch.testing.assert_close(part, full[rows], atol=2e-5, rtol=1e-4)

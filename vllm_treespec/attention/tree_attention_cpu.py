@@ -104,11 +104,15 @@ def tree_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: to
                    block_table: torch.Tensor, prefix_lens: torch.Tensor, offsets: torch.Tensor,
                    anc_mask: torch.Tensor, scale: float, *, layout: str,
                    compute_dtype: torch.dtype | None = None,
-                   logits_soft_cap: float | None = None) -> torch.Tensor:
+                   logits_soft_cap: float | None = None,
+                   tree_sizes: torch.Tensor | None = None) -> torch.Tensor:
     """Masked attention of every tree row over its prefix and its ancestors-or-self.
 
     query: ``[T, Hq, D]``, only the tree rows, request r at rows ``offsets[r] .. offsets[r+1]-1``
-    (node order, root first); key_cache / value_cache: ``[num_blocks, Hkv, block_size, D]``
+    (node order, root first; or any subset of its nodes when ``tree_sizes`` is given: rows are
+    then identified by their anc_mask words alone, whose self bit names the node);
+    tree_sizes: int [B] nodes of each request's tree whose K/V follow its prefix (default: its
+    number of rows); key_cache / value_cache: ``[num_blocks, Hkv, block_size, D]``
     views (Hq a multiple of Hkv; query head h reads KV head ``h // (Hq // Hkv)``);
     block_table: ``[B, max_blocks]`` logical -> physical block; prefix_lens: int [B]
     (num_computed); offsets: int [B+1]; anc_mask: int64 ``[T, W]`` local ancestor-or-self
@@ -129,14 +133,16 @@ def tree_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: to
     b = offsets.numel() - 1
     sizes = offsets[1:] - offsets[:-1]
     prefix = prefix_lens.to(torch.int64)
-    kv_len = prefix + sizes
+    t_sizes = sizes if tree_sizes is None else tree_sizes.to(torch.int64)
+    kv_len = prefix + t_sizes
     n_max, l_max = int(sizes.max()), int(kv_len.max())
+    t_max = int(t_sizes.max())
     nblk = -(-l_max // bs)
     if block_table.shape[1] < nblk:
         raise ValueError(f"block_table has {block_table.shape[1]} columns, need {nblk}")
-    if anc_mask.shape[0] != t or anc_mask.shape[1] * 64 < n_max:
+    if anc_mask.shape[0] != t or anc_mask.shape[1] * 64 < t_max:
         raise ValueError(f"anc_mask {tuple(anc_mask.shape)} does not cover {t} rows of "
-                         f"up to {n_max} nodes")
+                         f"up to {t_max} nodes")
 
     # K/V head-major [Hkv, B, L, D]; SDPA takes (Hkv, B) as its two batch axes.
     ids = block_table[:, :nblk].to(torch.int64).clamp(0, nb - 1)
@@ -148,16 +154,18 @@ def tree_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: to
     v = _padded_kv(value_cache, ids, v_half, cd, "v", stale)
 
     # Visibility [B, n_max, L]: every prefix column, plus tree column prefix + j when bit j of
-    # the row is set. The tree bits are scattered into a mask n_max columns wider than L so
-    # that padding columns (j >= size) land past L instead of clobbering real ones.
+    # the row is set. The tree bits are scattered into a mask t_max columns wider than L so
+    # that padding nodes (j >= tree size) land past L instead of clobbering real columns.
     local = torch.arange(n_max)
     row_ok = local[None, :] < sizes[:, None]                          # [B, n_max]
     rows = (offsets[:-1, None] + local[None, :]).clamp(max=t - 1)       # padded -> flat row
-    anc = decode_anc_mask(anc_mask, n_max)[rows] & row_ok[:, None, :]   # [B, n_max, n_max]
-    wide = (torch.arange(width + n_max)[None, :] < prefix[:, None])[:, None, :]
+    node = torch.arange(t_max)
+    node_ok = node[None, :] < t_sizes[:, None]                          # [B, t_max]
+    anc = decode_anc_mask(anc_mask, t_max)[rows] & row_ok[:, :, None] & node_ok[:, None, :]
+    wide = (torch.arange(width + t_max)[None, :] < prefix[:, None])[:, None, :]
     wide = wide.expand(b, n_max, -1).contiguous()
-    cols = torch.where(row_ok, prefix[:, None] + local[None, :], width + local[None, :])
-    wide.scatter_(2, cols[:, None, :].expand(b, n_max, n_max), anc)
+    cols = torch.where(node_ok, prefix[:, None] + node[None, :], width + node[None, :])
+    wide.scatter_(2, cols[:, None, :].expand(b, n_max, t_max), anc)
     wide[:, :, 0] |= ~row_ok         # padding rows see one column (no NaN); dropped below
 
     # GQA without repeating K/V: the G query heads of a KV head become extra query rows,

@@ -12,6 +12,7 @@ Two ways to draft from it:
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -68,7 +69,9 @@ class TrieSignal:
 
     def logprobs(self, context: Sequence[int], candidates: np.ndarray) -> np.ndarray:
         ctx = [int(t) for t in context][-self.context_len:]
-        return np.log(self.trie.prob(ctx, np.asarray(candidates, dtype=np.int32), floor=self.floor))
+        probs = self.trie.prob(ctx, np.asarray(candidates, dtype=np.int32), floor=self.floor)
+        # the C library's log, as the C++ scorer uses (numpy's SIMD log differs in the last bit)
+        return np.array([math.log(p) if p > 0 else -math.inf for p in probs.tolist()], dtype=np.float64)
 
     def native(self) -> Any:
         """The C++ twin the C++ tree builders score with (`NgramTrie.scorer`): same backoff and

@@ -1,8 +1,8 @@
 """Tree-aware CPU attention backend, registered in place of vLLM's CPU_ATTN (same name).
 
 vLLM 0.32.0 has no attention backend that takes a custom mask. This backend runs the stock CPU
-kernel for the whole batch (exact for prompts, plain decodes and chain-shaped drafts) and then
-recomputes the rows of branching trees with the ancestor mask over the paged KV cache
+kernel for the whole batch (exact for prompts, plain decodes, chain-shaped drafts and the first
+chain of every tree) and then recomputes the other tree rows with the ancestor mask over the paged KV cache
 (`vllm_treespec.attention.tree_attention`), overwriting those rows of the output. Which rows,
 and their masks, come from the step's `TreeStep` (engine/tree_step.py), published by the
 `_prepare_inputs` patch; outside a tree step the backend is the stock one.
@@ -67,7 +67,7 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
             query.view(query.shape[0], self.num_heads, self.head_size)[rows], key_cache,
             value_cache, attn_metadata.block_table[plan.req_indices], plan.prefix_lens,
             plan.offsets, plan.anc_mask, self.scale, layout=layer.isa,
-            logits_soft_cap=self.logits_soft_cap or None)
+            logits_soft_cap=self.logits_soft_cap or None, tree_sizes=plan.tree_sizes)
         output.view(output.shape[0], self.num_heads, -1)[rows] = out.to(output.dtype)
         return output
 

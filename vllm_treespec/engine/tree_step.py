@@ -69,11 +69,15 @@ def ancestor_words(offsets: np.ndarray, parents: np.ndarray, depth: np.ndarray) 
 
 @dataclass
 class AttentionPlan:
-    """Requests whose tree needs the ancestor mask, in the flat layout tree_attention takes."""
+    """The tree rows the stock causal kernel gets wrong, in the layout tree_attention takes.
+
+    Node i's causal row is exact when its ancestors are exactly nodes 0..i, i.e. depth(i) == i
+    (the tree's first chain); every other row is recomputed with the ancestor mask."""
     req_indices: torch.Tensor   # int64 [Ra]  batch rows (index into block_table)
-    rows: torch.Tensor          # int64 [Ta]  flat token rows of their nodes, request by request
+    rows: torch.Tensor          # int64 [Ta]  flat token rows to recompute, request by request
     offsets: torch.Tensor       # int64 [Ra+1]
     prefix_lens: torch.Tensor   # int64 [Ra]  num_computed (KV before the root)
+    tree_sizes: torch.Tensor    # int64 [Ra]  nodes of each tree (KV after the prefix)
     anc_mask: torch.Tensor      # int64 [Ta, W] local ancestor-or-self bitmask words
 
 
@@ -109,10 +113,6 @@ class TreeStep:
     @property
     def num_trees(self) -> int:
         return len(self.req_ids)
-
-
-def _is_chain(tree: DraftTree) -> bool:
-    return bool((tree.depth == np.arange(tree.num_nodes)).all())
 
 
 def plan_tree_step(batch_req_ids: Sequence[str], num_scheduled: np.ndarray,
@@ -176,19 +176,24 @@ def plan_tree_step(batch_req_ids: Sequence[str], num_scheduled: np.ndarray,
 
 def _attention_plan(trees: list[DraftTree], idx: np.ndarray, batch: FlatTrees,
                     node_rows: np.ndarray, computed: np.ndarray) -> AttentionPlan | None:
-    branchy = [j for j, t in enumerate(trees) if not _is_chain(t)]
-    if not branchy:
-        return None
+    depth = batch.depth.numpy()
     offsets = batch.offsets.numpy()
-    sel = np.concatenate([np.arange(offsets[j], offsets[j + 1]) for j in branchy])
-    sizes = np.array([trees[j].num_nodes for j in branchy], dtype=np.int64)
-    sub_offsets = np.zeros(len(branchy) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=sub_offsets[1:])
-    anc = ancestor_words(sub_offsets, batch.parents.numpy()[sel], batch.depth.numpy()[sel])
+    sizes = offsets[1:] - offsets[:-1]
+    local = np.arange(depth.size, dtype=np.int64) - np.repeat(offsets[:-1], sizes)
+    wrong = depth != local                                  # rows the causal kernel gets wrong
+    if not wrong.any():
+        return None
+    owner = np.repeat(np.arange(sizes.size), sizes)
+    branchy = np.unique(owner[wrong])
+    anc = ancestor_words(offsets, batch.parents.numpy(), depth)   # all nodes: masks need them
+    sel = np.nonzero(wrong)[0]
+    counts = np.bincount(owner[sel], minlength=sizes.size)[branchy]
+    sub_offsets = np.zeros(branchy.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=sub_offsets[1:])
     return AttentionPlan(
         req_indices=torch.from_numpy(idx[branchy]), rows=torch.from_numpy(node_rows[sel]),
         offsets=torch.from_numpy(sub_offsets), prefix_lens=torch.from_numpy(computed[branchy]),
-        anc_mask=torch.from_numpy(anc))
+        tree_sizes=torch.from_numpy(sizes[branchy]), anc_mask=torch.from_numpy(anc[sel]))
 
 
 # The plan of the step being executed in this worker process (None outside verification).
