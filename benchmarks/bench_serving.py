@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     ngram_ks = ns.ngram_k or [k]
     configs = [no_spec(), *[vllm_ngram(nk) for nk in ngram_ks], treespec(k)]
     if ns.trees:
-        configs += tree_configs(ns.budgets)
+        configs += [c for c in tree_configs(ns.budgets) if c.name not in {x.name for x in configs}]
     started = dt.datetime.now(dt.timezone.utc)
     measurements = run_comparison(str(model_dir), configs, prompts, max_tokens=ns.max_tokens,
                                   concurrencies=ns.concurrency, warmup_prompts=warmup)

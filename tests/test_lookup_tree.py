@@ -159,7 +159,8 @@ def test_root_only_trees():
     buf = np.array([[4, 5, 6, 7], [3, 3, 3, 3]], dtype=np.int32)
     kw = dict(min_ngram=1, max_ngram=2, max_matches=4, max_depth=4)
     trees = lookup_trees(buf, [0, 1, 1, 1], [4, 4, 1, 4], [8, 0, 8, 8], **kw)
-    assert [t.num_draft for t in trees] == [0, 0, 0, 3]  # no match, budget 0, no history
+    assert [t.num_draft for t in trees] == [0, 0, 0, 2]  # no match, budget 0, no history; only
+    # the two matches of the longest suffix (3 3) count: their continuations 3 3 and 3
     assert [t.root for t in trees] == [7, 3, 3, 3]
     assert lookup_trees(buf, [], [], [], **kw) == []
 

@@ -30,7 +30,8 @@ struct TreeNode {
 };
 
 // Appends at most `budget` nodes of the lookup tree of tokens[0:n] to `out`, in the order above.
-// Matches are find_suffix_matches(tokens, n, min_n, max_n, max_depth, max_matches); each one
+// Matches are find_suffix_matches(tokens, n, min_n, max_n, max_depth, max_matches), keeping only
+// those whose matched suffix is as long as the best match's; each one
 // contributes its continuation cut to max_depth tokens (never past n). Returns the number of
 // matches used (the root's weight; 0 when nothing matched, and then nothing is appended).
 int propose_tree(const int32_t* tokens, int64_t n, int min_n, int max_n, int max_matches,

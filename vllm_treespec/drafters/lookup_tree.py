@@ -3,7 +3,9 @@
 The chain drafter (`prompt_lookup.py`) bets on the best match alone. When the request's suffix
 occurred several times and what followed differs, `lookup_trees` hedges: the continuations of
 the `max_matches` best matches (ranked as `find_suffix_matches` ranks them, with continuations
-capped at `max_depth`) are merged into a trie under the root (the request's last token), each
+capped at `max_depth`), keeping only those whose matched suffix is as long as the best one's
+(shorter matches are weaker evidence and, counted equally, outranked the best continuation:
+tau fell below the chain's on the code-LM fixture), are merged into a trie under the root (the request's last token), each
 node weighted by the number of continuations through it, and the `budget` nodes that come first
 in the order (weight desc, rank of the best match through the node asc, depth asc) are drafted.
 
@@ -95,7 +97,9 @@ def _reference_matches(tokens: list[int], min_n: int, max_n: int, k: int,
         if length >= min_n:
             found.append((length, min(k, n - (j + 1)), j + 1))
     found.sort(key=lambda m: (-m[0], -m[1], -m[2]))
-    return [(start, cont) for _, cont, start in found[:max_matches]]
+    best = found[:max_matches]
+    # only matches of the longest suffix length (see csrc/lookup/lookup_tree.cpp)
+    return [(start, cont) for length, cont, start in best if length == best[0][0]]
 
 
 def _reference_tree(tokens: list[int], budget: int, min_n: int, max_n: int, max_matches: int,
