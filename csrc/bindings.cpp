@@ -137,8 +137,10 @@ struct FlatTrees {
 // continuation frequency; score = log(weight / root weight).
 py::tuple propose_tree_batch(const I32Strict& token_ids, const I64Strict& rows,
                              const I64Strict& lengths, const I64Strict& budgets, int min_n,
-                             int max_n, int max_matches, int max_depth) {
+                             int max_n, int max_matches, int max_depth, double continue_prob) {
   check_tree_args(token_ids, rows, lengths, budgets, min_n, max_n, max_matches, max_depth);
+  if (!(continue_prob > 0.0 && continue_prob <= 1.0))
+    throw std::invalid_argument("continue_prob must be in (0, 1], got " + std::to_string(continue_prob));
   const int64_t num = rows.size(), max_len = token_ids.shape(1);
   const int32_t* base = token_ids.data();
   const int64_t* row_ptr = rows.data();
@@ -152,7 +154,8 @@ py::tuple propose_tree_batch(const I32Strict& token_ids, const I64Strict& rows,
       const int32_t* tokens = base + row_ptr[i] * max_len;
       nodes.clear();
       const int used = treespec::lookup::propose_tree(tokens, len_ptr[i], min_n, max_n,
-                                                      max_matches, max_depth, bud_ptr[i], &nodes);
+                                                      max_matches, max_depth, bud_ptr[i], &nodes,
+                                                      continue_prob);
       flat.add(tokens[len_ptr[i] - 1], used, nodes);
     }
   }
@@ -195,7 +198,7 @@ PYBIND11_MODULE(_C, m) {
         "list of (continuation_start, match_len, continuation_len).");
   m.def("propose_tree_batch", &propose_tree_batch, py::arg("token_ids"), py::arg("rows"),
         py::arg("lengths"), py::arg("budgets"), py::arg("min_ngram"), py::arg("max_ngram"),
-        py::arg("max_matches"), py::arg("max_depth"),
+        py::arg("max_matches"), py::arg("max_depth"), py::arg("continue_prob") = 1.0,
         "Prompt-lookup draft trees for several rows of a [rows, max_len] int32 token buffer: "
         "(tokens, parents, depth, weight, logprob, score, counts), one root-first DraftTree "
         "block of counts[i] + 1 entries per request.");

@@ -46,7 +46,8 @@ def make_batch(rng: np.random.Generator, num: int, fill: int = GARBAGE):
 def params(max_matches: int, rng: np.random.Generator) -> dict:
     min_n = int(rng.integers(1, 4))
     return dict(min_ngram=min_n, max_ngram=min_n + int(rng.integers(0, 3)),
-                max_matches=max_matches, max_depth=int(rng.integers(1, 12)))
+                max_matches=max_matches, max_depth=int(rng.integers(1, 12)),
+                continue_prob=float(rng.choice([1.0, 0.9, 0.5])))
 
 
 def chain(seq: np.ndarray, min_n: int, max_n: int, k: int) -> list[int]:
@@ -217,3 +218,15 @@ def test_concurrent_calls_agree():
             assert lookup_trees(buf, rows, lengths, budgets, **kw) == want
 
     run_in_threads(work)
+
+
+def test_continue_prob_trades_the_deep_tail_for_shallow_alternatives():
+    seq = np.array([1, 2, 3, 4, 5, 6, 9, 1, 2, 7, 8, 9, 9, 1, 2, 3, 4, 5, 6, 9, 1, 2], dtype=np.int32)
+    kw = dict(min_ngram=1, max_ngram=2, max_matches=8, max_depth=6)
+    by_weight = lookup_trees(seq[None, :], [0], [len(seq)], [5], **kw)[0]
+    hedged = lookup_trees(seq[None, :], [0], [len(seq)], [5], continue_prob=0.5, **kw)[0]
+    # "1 2" was followed by 3 4 5 6 twice and by 7 8 once
+    assert by_weight.draft_token_ids() == [3, 4, 5, 6, 9]
+    assert hedged.draft_token_ids() == [3, 4, 7, 5, 8]
+    with pytest.raises(ValueError, match="continue_prob"):
+        lookup_trees(seq[None, :], [0], [len(seq)], [5], continue_prob=0.0, **kw)

@@ -32,10 +32,18 @@ class PromptLookupConfig:
     min_ngram: int = spec(1, ge=1, le=64, doc="Shortest suffix n-gram that may match.")
     max_ngram: int = spec(4, ge=1, le=64, doc="Longest suffix n-gram tried (longer matches win).")
     max_matches: int = spec(8, ge=1, le=256, doc=(
-        "tree.builder best_first: earlier matches whose continuations are merged into the tree "
-        "(nodes ranked by how many matches continue through them); chain uses the best match."))
+        "tree.builder best_first: earlier matches (of the longest matched suffix) whose "
+        "continuations are merged into the tree; chain uses the best match."))
+    continue_prob: float = spec(1.0, doc=(
+        "tree.builder best_first: estimated chance that a copied continuation goes on one more "
+        "token; nodes rank by log(share of matches) + depth * log(continue_prob), so below 1 "
+        "shallow alternatives outrank the majority path's deep tail (1 = by match count). "
+        "Range: (0, 1]."))
 
     def validate(self, prefix: str) -> None:
+        if not 0.0 < self.continue_prob <= 1.0:
+            raise ConfigError(f"{prefix}.continue_prob: {self.continue_prob} is out of range; allowed "
+                              "0 < continue_prob <= 1")
         if self.min_ngram > self.max_ngram:
             raise ConfigError(f"{prefix}.min_ngram: {self.min_ngram} is larger than {prefix}.max_ngram "
                               f"({self.max_ngram}); set min_ngram <= max_ngram")

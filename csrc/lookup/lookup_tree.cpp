@@ -1,6 +1,7 @@
 #include "lookup/lookup_tree.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "lookup/prompt_lookup.h"
 
@@ -46,7 +47,7 @@ void insert(std::vector<TrieNode>* trie, const int32_t* cont, int32_t len, int32
 }  // namespace
 
 int propose_tree(const int32_t* tokens, int64_t n, int min_n, int max_n, int max_matches,
-                 int max_depth, int64_t budget, std::vector<TreeNode>* out) {
+                 int max_depth, int64_t budget, std::vector<TreeNode>* out, double continue_prob) {
   if (budget <= 0 || max_depth < 1) return 0;
   auto matches = find_suffix_matches(tokens, n, min_n, max_n, max_depth, max_matches);
   if (matches.empty()) return 0;
@@ -66,12 +67,18 @@ int propose_tree(const int32_t* tokens, int64_t n, int min_n, int max_n, int max
     insert(&trie, tokens + m.continuation_start, m.continuation_len, static_cast<int32_t>(r));
   }
 
-  // Emission order (see the header): weight desc, first_rank asc, then creation order, which
-  // along one match's path is depth order.
+  // Emission order (see the header): estimated path probability desc, i.e. log(weight / matches)
+  // + depth * log(continue_prob), then first_rank asc, then creation order (along one match's
+  // path, depth order). continue_prob = 1 orders by weight alone.
   std::vector<int32_t> order(trie.size() - 1);
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i + 1);
-  const auto before = [&trie](int32_t a, int32_t b) {
-    if (trie[a].weight != trie[b].weight) return trie[a].weight > trie[b].weight;
+  const double log_continue = std::log(continue_prob);
+  const double total = trie[0].weight;
+  std::vector<double> key(trie.size());
+  for (size_t i = 1; i < trie.size(); ++i)
+    key[i] = std::log(trie[i].weight / total) + trie[i].depth * log_continue;
+  const auto before = [&trie, &key](int32_t a, int32_t b) {
+    if (key[a] != key[b]) return key[a] > key[b];
     if (trie[a].first_rank != trie[b].first_rank) return trie[a].first_rank < trie[b].first_rank;
     return a < b;
   };

@@ -5,7 +5,8 @@
 // `max_matches` matches are merged into a trie under the root (the request's last token), each
 // node weighted by how many continuations pass through it, and the heaviest nodes are drafted.
 //
-// Order and cut. Nodes are emitted by (weight desc, first_rank asc, depth asc), where first_rank
+// Order and cut. Nodes are emitted by (weight desc, first_rank asc, depth asc) (continue_prob 1;
+// see propose_tree for the general key, which also only falls along a path), where first_rank
 // is the rank (0 = best, as find_suffix_matches orders them) of the best match through the node.
 // Every match through a child also passes through its parent, so along any path weight never
 // increases and first_rank never decreases; nodes with equal weight and equal first_rank lie on
@@ -34,7 +35,11 @@ struct TreeNode {
 // those whose matched suffix is as long as the best match's; each one
 // contributes its continuation cut to max_depth tokens (never past n). Returns the number of
 // matches used (the root's weight; 0 when nothing matched, and then nothing is appended).
+// continue_prob in (0, 1]: the estimated chance that a copied continuation goes on one more token;
+// nodes are ranked by log(weight / matches) + depth * log(continue_prob), so below 1 a shallow
+// alternative branch outranks the deep tail of the majority path (1: by weight alone).
 int propose_tree(const int32_t* tokens, int64_t n, int min_n, int max_n, int max_matches,
-                 int max_depth, int64_t budget, std::vector<TreeNode>* out);
+                 int max_depth, int64_t budget, std::vector<TreeNode>* out,
+                 double continue_prob = 1.0);
 
 }  // namespace treespec::lookup

@@ -58,8 +58,11 @@ def _check_token_ids(token_ids) -> np.ndarray:
 def lookup_trees(token_ids: np.ndarray, rows: Sequence[int] | np.ndarray,
                  num_tokens: Sequence[int] | np.ndarray, budgets: Sequence[int] | np.ndarray, *,
                  min_ngram: int, max_ngram: int, max_matches: int,
-                 max_depth: int) -> list[DraftTree]:
+                 max_depth: int, continue_prob: float = 1.0) -> list[DraftTree]:
     """One prompt-lookup DraftTree per request (see the module docstring for the semantics).
+
+    continue_prob in (0, 1]: nodes rank by log(weight / matches) + depth * log(continue_prob)
+    (1 = by weight alone); below 1, shallow alternatives outrank the majority path's deep tail.
 
     Request i reads the first num_tokens[i] tokens of token_ids[rows[i]] (nothing after them)
     and gets at most budgets[i] draft nodes; its root is token_ids[rows[i], num_tokens[i] - 1].
@@ -73,7 +76,7 @@ def lookup_trees(token_ids: np.ndarray, rows: Sequence[int] | np.ndarray,
         return []
     tokens, parents, depth, _, logprob, score, counts = native().propose_tree_batch(
         token_ids, rows, num_tokens, budgets, int(min_ngram), int(max_ngram), int(max_matches),
-        int(max_depth))
+        int(max_depth), float(continue_prob))
     ends = np.cumsum(counts + 1).tolist()
     trees, start = [], 0
     for end in ends:
@@ -103,7 +106,7 @@ def _reference_matches(tokens: list[int], min_n: int, max_n: int, k: int,
 
 
 def _reference_tree(tokens: list[int], budget: int, min_n: int, max_n: int, max_matches: int,
-                    max_depth: int) -> DraftTree:
+                    max_depth: int, continue_prob: float = 1.0) -> DraftTree:
     root = tokens[-1]
     matches = _reference_matches(tokens, min_n, max_n, max_depth, max_matches)
     weight: dict[tuple[int, ...], int] = {}
@@ -113,7 +116,9 @@ def _reference_tree(tokens: list[int], budget: int, min_n: int, max_n: int, max_
         for d in range(1, len(path) + 1):
             weight[path[:d]] = weight.get(path[:d], 0) + 1
             first_rank.setdefault(path[:d], rank)
-    chosen = sorted(weight, key=lambda p: (-weight[p], first_rank[p], len(p)))[:budget]
+    total, log_continue = float(len(matches)), math.log(continue_prob)
+    key = {p: math.log(w / total) + len(p) * log_continue for p, w in weight.items()}
+    chosen = sorted(weight, key=lambda p: (-key[p], first_rank[p], len(p)))[:budget]
     index = {(): 0}
     node_tokens, node_parents, logprob, score = [root], [-1], [0.0], [0.0]
     for i, path in enumerate(chosen, start=1):
@@ -128,9 +133,10 @@ def _reference_tree(tokens: list[int], budget: int, min_n: int, max_n: int, max_
 
 def lookup_trees_reference(token_ids: np.ndarray, rows: Sequence[int], num_tokens: Sequence[int],
                            budgets: Sequence[int], *, min_ngram: int, max_ngram: int,
-                           max_matches: int, max_depth: int) -> list[DraftTree]:
+                           max_matches: int, max_depth: int,
+                           continue_prob: float = 1.0) -> list[DraftTree]:
     """Plain-Python `lookup_trees` (a dict trie over token paths), the tests' oracle."""
     return [_reference_tree(token_ids[r, :n].tolist(), int(b), min_ngram, max_ngram, max_matches,
-                            max_depth)
+                            max_depth, continue_prob)
             for r, n, b in zip(np.asarray(rows).tolist(), np.asarray(num_tokens).tolist(),
                                np.asarray(budgets).tolist())]

@@ -24,6 +24,7 @@ class PromptLookupDrafter:
         self.min_ngram = int(config.min_ngram)
         self.max_ngram = int(config.max_ngram)
         self.max_matches = int(config.max_matches)
+        self.continue_prob = float(config.continue_prob)
         self.tree_builder = tree.builder if tree is not None else "chain"
         self.max_depth = (tree.max_depth if tree is not None else None) or 1 << 20
         self._C = native()
@@ -37,7 +38,8 @@ class PromptLookupDrafter:
 
             return lookup_trees(inputs.token_ids, inputs.rows, inputs.num_tokens, inputs.budgets,
                                 min_ngram=self.min_ngram, max_ngram=self.max_ngram,
-                                max_matches=self.max_matches, max_depth=self.max_depth)
+                                max_matches=self.max_matches, max_depth=self.max_depth,
+                                continue_prob=self.continue_prob)
         return chain_trees(inputs, self.propose_chains(inputs))
 
     def propose_chains(self, inputs: DraftInputs) -> list[list[int]]:
