@@ -40,6 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="prompt sampling seed")
     p.add_argument("--trees", action="store_true", help="add the tree configs at each --budgets value")
     p.add_argument("--budgets", type=int, nargs="+", default=[8, 16, 32, 64])
+    p.add_argument("--lookup-continue-prob", type=float, nargs="*", default=[],
+                   help="with --trees: also prompt-lookup trees with these continue_prob values")
     p.add_argument("--ngram-k", type=int, nargs="+", default=None,
                    help="K values for vLLM's ngram (default: -k); the fastest is the reference")
     p.add_argument("--output", type=Path, default=None,
@@ -67,7 +69,7 @@ def resolve_model(ns: argparse.Namespace) -> tuple[str, Path, dict]:
     return label, model_dir, meta
 
 
-def tree_configs(budgets: list[int]) -> list:
+def tree_configs(budgets: list[int], continue_probs: list[float] = ()) -> list:
     """Chain vs trees of each drafter at each node budget (K = budget)."""
     from vllm_treespec.comparison import treespec
 
@@ -77,6 +79,9 @@ def tree_configs(budgets: list[int]) -> list:
     for b in budgets:
         out += [treespec(b, "prompt-lookup"), treespec(b, "prompt-lookup-tree"),
                 treespec(b, "ngram-trie-tree"), treespec(b, beam, label="ngram-trie-beam-dart")]
+        out += [treespec(b, {"drafter": {"type": "prompt_lookup", "max_matches": 8, "continue_prob": p},
+                             "tree": {"builder": "best_first"}}, label=f"prompt-lookup-tree-cp{p}")
+                for p in continue_probs]
     return out
 
 
@@ -118,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     ngram_ks = ns.ngram_k or [k]
     configs = [no_spec(), *[vllm_ngram(nk) for nk in ngram_ks], treespec(k)]
     if ns.trees:
-        configs += [c for c in tree_configs(ns.budgets) if c.name not in {x.name for x in configs}]
+        configs += [c for c in tree_configs(ns.budgets, ns.lookup_continue_prob)
+                    if c.name not in {x.name for x in configs}]
     started = dt.datetime.now(dt.timezone.utc)
     measurements = run_comparison(str(model_dir), configs, prompts, max_tokens=ns.max_tokens,
                                   concurrencies=ns.concurrency, warmup_prompts=warmup)

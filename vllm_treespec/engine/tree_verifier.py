@@ -1,12 +1,13 @@
 """Tree acceptance and KV compaction in place of vLLM's linear rejection sampler.
 
-Called by the `_sample` patch for steps with a `TreeStep`. Two modes:
+Called by the `_sample` patch every step. Two modes:
 - own: every request in the batch is one trees serve exactly (engine/eligibility.py) and all
-  drafts are ours, so one `verify.accept` call over the whole batch samples every request
+  drafts are ours, so one acceptance call over the whole batch samples every request
   (requests without drafts are root-only trees) and vLLM's sampler does not run at all;
 - mixed: some request needs vLLM's sampler (logprobs, penalties, ...; those have no drafts),
-  so vLLM's sampler runs as usual and the rows of the requests with tree drafts are then
-  replaced by `accept` over their trees.
+  so vLLM's sampler runs as usual and the rows of every other request (with or without
+  drafts) are then replaced by acceptance over their trees; a seeded request is thus always
+  sampled the same way, whatever its batch.
 Output is vLLM's layout: int64 [num_reqs, max_num_draft + 1], accepted tokens then the bonus
 token, padded with -1, so the scheduler's rollback and `parse_output` work unchanged.
 
