@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["tree_blocker", "STATIC_BLOCKERS"]
+__all__ = ["tree_blocker", "static_blocker", "pending_min_tokens", "STATIC_BLOCKERS"]
 
 # (attribute, value meaning "not used", reason) — request options fixed for a request's life.
 STATIC_BLOCKERS: tuple[tuple[str, Any, str], ...] = (
@@ -58,6 +58,11 @@ def tree_blocker(params: Any, num_output_tokens: int) -> str | None:
     batch state we do not apply to tree rows, so such requests wait until it no longer applies.
     """
     reason = static_blocker(params)
-    if reason is None and num_output_tokens < int(getattr(params, "min_tokens", 0) or 0):
+    if reason is None and pending_min_tokens(params, num_output_tokens):
         return "min_tokens"
     return reason
+
+
+def pending_min_tokens(params: Any, num_output_tokens: int) -> bool:
+    """True while vLLM still masks EOS / stop tokens for the request's min_tokens."""
+    return num_output_tokens < int(getattr(params, "min_tokens", 0) or 0)

@@ -25,7 +25,7 @@ import torch
 from vllm_treespec.config import TreespecConfig, from_additional_config
 from vllm_treespec.drafters import DraftInputs, make_drafter
 from vllm_treespec.drafters.base import TargetStates
-from vllm_treespec.engine.eligibility import static_blocker, tree_blocker
+from vllm_treespec.engine.eligibility import pending_min_tokens, static_blocker
 from vllm_treespec.engine.metrics import make_metrics
 from vllm_treespec.engine.tree_step import TreeStep, plan_tree_step
 from vllm_treespec.engine.tree_stats import TreeStats
@@ -43,6 +43,7 @@ class RequestStats:
     drafted: int = 0
     accepted: int = 0
     blocker: str | None = None          # request option that keeps it from drafting (fixed)
+    options_checked: bool = False       # `blocker` computed from the request's SamplingParams
     fallback_steps: dict[str, int] = field(default_factory=dict)
 
 
@@ -61,9 +62,7 @@ class TreeProposer:
                                     self.config.tree)
         self.requests: dict[str, RequestStats] = {}
         self.trees: dict[str, DraftTree] = {}
-        self.stats = TreeStats(self.num_speculative_tokens)
-        self.metrics = make_metrics()
-        self.draft_seconds = 0.0
+        self.stats = TreeStats(self.num_speculative_tokens, metrics=make_metrics())
         self._last_verified: tuple[TreeStep | None, np.ndarray] = (None, np.zeros((0, 1), dtype=np.int64))
         logger.info("TreeProposer: drafter=%s builder=%s budget=%d config=%s", self.drafter.name,
                     self.config.tree.builder, self.node_budget, self.config.source)
@@ -95,24 +94,31 @@ class TreeProposer:
                     observe(batch.token_ids_cpu[i, batch.num_prompt_tokens[i]: batch.num_tokens_no_spec[i]])
         self.drafter.on_requests_finished(req_ids)
 
+    @staticmethod
+    def _cached(runner: Any, req_id: str) -> Any:
+        """vLLM's CachedRequestState of a request (None when the runner has no such request)."""
+        return getattr(runner, "requests", {}).get(req_id)
+
     def _state(self, req_id: str, runner: Any) -> RequestStats:
         st = self.requests.get(req_id)
         if st is None:
             st = self.requests[req_id] = RequestStats()
-            cached = getattr(runner, "requests", {}).get(req_id)
-            if cached is not None:
-                st.blocker = static_blocker(cached.sampling_params)
         return st
 
     def blocker(self, req_id: str, runner: Any) -> str | None:
-        """Why this request may not be verified as a tree this step (None = it may)."""
+        """Why this request may not be verified as a tree this step (None = it may).
+
+        The fixed options are checked once per request (engine/eligibility.py); only the
+        pending min_tokens changes from step to step."""
         st = self._state(req_id, runner)
-        if st.blocker is not None:
-            return st.blocker
-        cached = getattr(runner, "requests", {}).get(req_id)
+        cached = self._cached(runner, req_id)
         if cached is None:
-            return None
-        return tree_blocker(cached.sampling_params, len(cached.output_token_ids))
+            return st.blocker
+        if not st.options_checked:
+            st.blocker, st.options_checked = static_blocker(cached.sampling_params), True
+        if st.blocker is None and pending_min_tokens(cached.sampling_params, len(cached.output_token_ids)):
+            return "min_tokens"
+        return st.blocker
 
     # -- drafting --------------------------------------------------------------------------
     def propose_step(self, runner: Any, scheduler_output: Any, sampled_token_ids: list[list[int]],
@@ -161,8 +167,7 @@ class TreeProposer:
                 budgets[i] = 0
                 fb = self.requests[req_ids[i]].fallback_steps
                 fb[reason] = fb.get(reason, 0) + 1
-                if self.metrics is not None:
-                    self.metrics.observe_fallback(reason)
+                self.stats.observe_fallback(reason)
         inputs = DraftInputs(req_ids=req_ids, token_ids=token_ids_cpu, rows=np.arange(n, dtype=np.int64),
                              num_tokens=num_tokens, budgets=budgets, target=target)
         trees = self.drafter.propose(inputs)
@@ -178,17 +183,13 @@ class TreeProposer:
                 st = self._state(req_id, runner)
                 st.steps += 1
                 st.drafted += tree.num_draft
-        elapsed = time.perf_counter() - start
-        self.draft_seconds += elapsed
-        self.stats.observe_draft(elapsed, budgets[decoding], trees)
-        if self.metrics is not None:
-            self.metrics.observe_draft(elapsed, budgets[decoding])
+        self.stats.observe_draft(time.perf_counter() - start, budgets[decoding], trees)
         return drafts
 
     # -- verification ------------------------------------------------------------------------
     def plan_step(self, batch_req_ids: list[str], num_scheduled: np.ndarray,
                   scheduled_drafts: dict[str, list[int]], query_start_loc: np.ndarray,
-                  num_computed: np.ndarray) -> TreeStep | None:
+                  num_computed: np.ndarray) -> TreeStep:
         """Match the scheduled drafts to our trees (see engine/tree_step.py)."""
         return plan_tree_step(batch_req_ids, num_scheduled, scheduled_drafts, self.trees,
                               query_start_loc, num_computed)
@@ -237,9 +238,6 @@ class TreeProposer:
             st = self.requests.get(req_id)
             if st is not None:
                 st.accepted += a
-        elapsed = time.perf_counter() - start
         if step.num_trees:
-            self.stats.observe_verify(elapsed, sizes, accepted_len, moved, own)
-            if self.metrics is not None:
-                self.metrics.observe_verify(elapsed, sizes.tolist(), accepted_len.tolist(), moved)
+            self.stats.observe_verify(time.perf_counter() - start, sizes, accepted_len, moved, own)
         return SamplerOutput(sampled_token_ids=tokens, logprobs_tensors=logprobs)

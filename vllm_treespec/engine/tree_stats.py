@@ -3,7 +3,8 @@
 vLLM's own `vllm:spec_decode_*` series already count trees correctly (drafted = nodes scheduled,
 accepted = path length, per-position counts = a histogram of accepted depth). These counters add
 the tree-specific view (nodes per tree, accepted depth, drafter/verify time, budget, KV moves,
-own vs mixed sampling) for logs, benchmarks and the metrics exporter.
+own vs mixed sampling) for logs and tests, and forward each observation to the Prometheus
+series (engine/metrics.py) when this worker exports them.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ class TreeStats:
     accepted: int = 0
     kv_moves: int = 0
     own_steps: int = 0
+    metrics: Any = None          # TreeMetrics, or None when this worker exports nothing
     nodes_hist: np.ndarray = field(init=False)
     depth_hist: np.ndarray = field(init=False)
 
@@ -39,6 +41,8 @@ class TreeStats:
         self.depth_hist = np.zeros(self.max_depth + 1, dtype=np.int64)
 
     def observe_draft(self, seconds: float, budgets: np.ndarray, trees: Sequence[Any]) -> None:
+        if self.metrics is not None:
+            self.metrics.observe_draft(seconds, budgets)
         self.draft_steps += 1
         self.draft_seconds += seconds
         self.budget_sum += int(budgets.sum())
@@ -50,6 +54,8 @@ class TreeStats:
 
     def observe_verify(self, seconds: float, nodes: np.ndarray, accepted: np.ndarray,
                        moves: int, own: bool) -> None:
+        if self.metrics is not None:
+            self.metrics.observe_verify(seconds, nodes.tolist(), accepted.tolist(), moves)
         self.verify_steps += 1
         self.verify_seconds += seconds
         self.verified_trees += int(nodes.size)
@@ -59,6 +65,10 @@ class TreeStats:
         self.own_steps += int(own)
         np.add.at(self.nodes_hist, np.minimum(nodes, self.max_depth), 1)
         np.add.at(self.depth_hist, np.minimum(accepted, self.max_depth), 1)
+
+    def observe_fallback(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.observe_fallback(reason)
 
     def summary(self) -> dict[str, Any]:
         return {

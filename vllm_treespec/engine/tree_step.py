@@ -26,8 +26,14 @@ import torch
 
 from vllm_treespec.tree import DraftTree
 
-__all__ = ["AttentionPlan", "FlatTrees", "TreeStep", "plan_tree_step", "current_step",
-           "set_current_step"]
+__all__ = ["AttentionPlan", "FlatTrees", "TreeStep", "plan_tree_step", "local_index",
+           "current_step", "set_current_step"]
+
+
+def local_index(sizes: np.ndarray) -> np.ndarray:
+    """Index of every flat row within its block, for blocks of `sizes` rows laid end to end."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    return np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes)
 
 
 @dataclass
@@ -57,7 +63,7 @@ def ancestor_words(offsets: np.ndarray, parents: np.ndarray, depth: np.ndarray) 
     t = int(offsets[-1])
     words = int((sizes.max() + 63) // 64)
     start = np.repeat(offsets[:-1], sizes)
-    local = np.arange(t, dtype=np.int64) - start
+    local = local_index(sizes)
     anc = np.zeros((t, words), dtype=np.uint64)
     anc[np.arange(t), local >> 6] = np.left_shift(np.uint64(1), (local & 63).astype(np.uint64))
     gparent = np.where(parents >= 0, parents + start, -1)
@@ -86,8 +92,8 @@ class TreeStep:
     """Everything the step's patches need about the requests verified as trees.
 
     Requests "verified" are those with at least one scheduled draft (``R`` of them, batch order).
-    ``logit_rows`` index the step's logits tensor (vLLM computes logits at every root/draft row
-    and one row for each request without drafts, in batch order).
+    vLLM computes logits at every root/draft row and one row for each request without drafts,
+    in batch order; ``first_logit`` is where each request's rows start.
     """
     num_scheduled_tokens: int
     num_reqs: int
@@ -96,8 +102,6 @@ class TreeStep:
     trees: FlatTrees             # the R trees (cut to what was scheduled), flat
     node_rows: torch.Tensor      # int64 [T] flat token row of every node
     positions: torch.Tensor      # int64 [T] num_computed + depth
-    logit_rows: torch.Tensor     # int64 [T] row of each node in the step's logits
-    num_computed: np.ndarray     # int64 [R]
     slot_mapping: torch.Tensor | None  # int64 [T] KV slot of every node row (set by the runner)
     attn: AttentionPlan | None
     max_num_draft: int           # widest scheduled draft in the batch (sampler output width - 1)
@@ -105,6 +109,12 @@ class TreeStep:
     first_logit: np.ndarray      # int64 [num_reqs] first logits row of each batch request
     tree_of_req: np.ndarray      # int64 [num_reqs] index into the trees, -1 = no tree
     query_start_loc: np.ndarray  # int64 [num_reqs + 1] flat row of each request's first token
+
+    @property
+    def logit_rows(self) -> np.ndarray:
+        """int64 [T]: row of each tree node in the step's logits."""
+        sizes = (self.trees.offsets[1:] - self.trees.offsets[:-1]).numpy()
+        return np.repeat(self.first_logit[self.req_indices], sizes) + local_index(sizes)
 
     @property
     def has_foreign_drafts(self) -> bool:
@@ -153,47 +163,48 @@ def plan_tree_step(batch_req_ids: Sequence[str], num_scheduled: np.ndarray,
     idx = np.asarray(req_idx, dtype=np.int64)
     batch = FlatTrees.concat(cut)
     sizes = (batch.offsets[1:] - batch.offsets[:-1]).numpy()
-    local = np.arange(int(batch.offsets[-1]), dtype=np.int64) - np.repeat(batch.offsets[:-1].numpy(), sizes)
+    local = local_index(sizes)
     q_start = np.asarray(query_start_loc, dtype=np.int64)[idx]
     node_rows = np.repeat(q_start, sizes) + local
     computed = np.asarray(num_computed, dtype=np.int64)[idx]
     positions = np.repeat(computed, sizes) + batch.depth.numpy()
     sampled = num_draft + 1                     # logits rows per batch request
     first_logit = np.cumsum(sampled) - sampled
-    logit_rows = np.repeat(first_logit[idx], sizes) + local
-    attn = _attention_plan(cut, idx, batch, node_rows, computed)
+    attn = _attention_plan(idx, batch, local, node_rows, computed)
     tree_of_req = np.full(num_reqs, -1, dtype=np.int64)
     tree_of_req[idx] = np.arange(idx.size)
     return TreeStep(
         num_scheduled_tokens=int(np.asarray(query_start_loc)[num_reqs]), num_reqs=num_reqs,
         req_indices=idx, req_ids=[batch_req_ids[i] for i in req_idx], trees=batch,
-        node_rows=torch.from_numpy(node_rows), positions=torch.from_numpy(positions),
-        logit_rows=torch.from_numpy(logit_rows), num_computed=computed, slot_mapping=None,
+        node_rows=torch.from_numpy(node_rows), positions=torch.from_numpy(positions), slot_mapping=None,
         attn=attn, max_num_draft=int(num_draft.max()) if num_reqs else 0,
         foreign=np.asarray(foreign, dtype=np.int64), first_logit=first_logit, tree_of_req=tree_of_req,
         query_start_loc=np.asarray(query_start_loc, dtype=np.int64)[:num_reqs + 1].copy())
 
 
-def _attention_plan(trees: list[DraftTree], idx: np.ndarray, batch: FlatTrees,
-                    node_rows: np.ndarray, computed: np.ndarray) -> AttentionPlan | None:
+def _attention_plan(idx: np.ndarray, batch: FlatTrees, local: np.ndarray, node_rows: np.ndarray,
+                    computed: np.ndarray) -> AttentionPlan | None:
     depth = batch.depth.numpy()
-    offsets = batch.offsets.numpy()
-    sizes = offsets[1:] - offsets[:-1]
-    local = np.arange(depth.size, dtype=np.int64) - np.repeat(offsets[:-1], sizes)
     wrong = depth != local                                  # rows the causal kernel gets wrong
     if not wrong.any():
         return None
+    offsets = batch.offsets.numpy()
+    sizes = offsets[1:] - offsets[:-1]
     owner = np.repeat(np.arange(sizes.size), sizes)
     branchy = np.unique(owner[wrong])
-    anc = ancestor_words(offsets, batch.parents.numpy(), depth)   # all nodes: masks need them
-    sel = np.nonzero(wrong)[0]
-    counts = np.bincount(owner[sel], minlength=sizes.size)[branchy]
+    # masks of the wrong rows are built from their ancestors': all nodes of those trees
+    nodes = np.isin(owner, branchy)
+    sub_sizes = sizes[branchy]
     sub_offsets = np.zeros(branchy.size + 1, dtype=np.int64)
-    np.cumsum(counts, out=sub_offsets[1:])
+    np.cumsum(sub_sizes, out=sub_offsets[1:])
+    anc = ancestor_words(sub_offsets, batch.parents.numpy()[nodes], depth[nodes])
+    keep = wrong[nodes]
+    row_offsets = np.zeros(branchy.size + 1, dtype=np.int64)
+    np.cumsum(np.bincount(owner[wrong], minlength=sizes.size)[branchy], out=row_offsets[1:])
     return AttentionPlan(
-        req_indices=torch.from_numpy(idx[branchy]), rows=torch.from_numpy(node_rows[sel]),
-        offsets=torch.from_numpy(sub_offsets), prefix_lens=torch.from_numpy(computed[branchy]),
-        tree_sizes=torch.from_numpy(sizes[branchy]), anc_mask=torch.from_numpy(anc[sel]))
+        req_indices=torch.from_numpy(idx[branchy]), rows=torch.from_numpy(node_rows[wrong]),
+        offsets=torch.from_numpy(row_offsets), prefix_lens=torch.from_numpy(computed[branchy]),
+        tree_sizes=torch.from_numpy(sub_sizes), anc_mask=torch.from_numpy(anc[keep]))
 
 
 # The plan of the step being executed in this worker process (None outside verification).

@@ -29,13 +29,11 @@ import numpy as np
 import torch
 
 from vllm_treespec.engine.tree_step import TreeStep
-from vllm_treespec.verify import SamplingParamsBatch, accept
-from vllm_treespec.verify.kv_compaction import compact_kv
+from vllm_treespec.engine.tree_step import local_index
+from vllm_treespec.verify import SAMPLING_EPS, SamplingParamsBatch, accept
+from vllm_treespec.verify.kv_compaction import accepted_local_moves, compact_kv
 
 __all__ = ["verify_step", "accepted_moves", "compact"]
-
-SAMPLING_EPS = 1e-5  # vLLM's greedy threshold on temperature
-
 
 @dataclass(frozen=True)
 class _Greedy:
@@ -103,7 +101,7 @@ def _layout(step: TreeStep, include: np.ndarray | None) -> tuple[Any, ...]:
     if has_tree.any():
         k = np.nonzero(has_tree)[0]
         n = sizes[k]
-        local = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+        local = local_index(n)
         dst = np.repeat(offsets[k], n) + local
         src = np.repeat(t.offsets[:-1].numpy()[tree_of[k]], n) + local
         tokens[dst] = t.tokens.numpy()[src]
@@ -111,8 +109,7 @@ def _layout(step: TreeStep, include: np.ndarray | None) -> tuple[Any, ...]:
         depth[dst] = t.depth.numpy()[src]
     logit_rows = None
     if include is not None:
-        local_all = np.arange(total) - np.repeat(offsets[:-1], sizes)
-        logit_rows = torch.from_numpy(np.repeat(step.first_logit[idx], sizes) + local_all)
+        logit_rows = torch.from_numpy(np.repeat(step.first_logit[idx], sizes) + local_index(sizes))
     f = torch.from_numpy
     return f(offsets), f(tokens), f(parents), f(depth), logit_rows
 
@@ -154,17 +151,12 @@ def accepted_moves(step: TreeStep, accepted_nodes: torch.Tensor) -> tuple[torch.
 
     accepted_nodes: int64 [R, W] local node indices of each tree request's path (-1 padded).
     """
-    nodes = accepted_nodes
-    j = torch.arange(1, nodes.shape[1] + 1).expand_as(nodes)
-    keep = (nodes >= 0) & (nodes != j)
-    if not bool(keep.any()):
-        empty = torch.zeros(0, dtype=torch.int64)
-        return empty, empty
-    start = step.trees.offsets[:-1, None].expand_as(nodes)
+    req, src, dst = accepted_local_moves(step.trees.offsets, accepted_nodes)
+    if req.numel() == 0:
+        return src, dst
     assert step.slot_mapping is not None
-    src = step.slot_mapping[(start + nodes)[keep]]
-    dst = step.slot_mapping[(start + j)[keep]]
-    return src, dst
+    start = step.trees.offsets[req]
+    return step.slot_mapping[start + src], step.slot_mapping[start + dst]
 
 
 def compact(step: TreeStep, accepted_nodes: torch.Tensor, kv_caches: Sequence[torch.Tensor],

@@ -23,19 +23,18 @@ import torch
 
 from vllm_treespec.attention.cpu_kv_layout import check_layout, slot_element_offsets
 
-__all__ = ["accepted_slot_moves", "compact_kv"]
+__all__ = ["accepted_local_moves", "accepted_slot_moves", "compact_kv"]
 
 
-def accepted_slot_moves(offsets: torch.Tensor, accepted_nodes: torch.Tensor,
-                        num_computed: torch.Tensor, block_table: torch.Tensor,
-                        block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(src_slots, dst_slots), int64 [M]: every move of every request, request order, j ascending.
+def accepted_local_moves(offsets: torch.Tensor, accepted_nodes: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(request, source node i_j, destination index j), int64 [M] each, of every move: request
+    order, j ascending, moves with i_j == j dropped (a node-prefix path yields none).
 
-    offsets: int [B+1] of the verified tree batch (only to check node indices);
-    accepted_nodes: int [B, W], local node indices of the accepted path without the root,
-    -1 padded (``AcceptResult.accepted_nodes``); num_computed: int [B] (the root's position);
-    block_table: [B, max_blocks] logical -> physical block. Moves with src == dst are dropped,
-    so a path that is the node prefix 1..a yields none.
+    offsets: int [B+1] of the verified tree batch (to check node indices); accepted_nodes:
+    int [B, W] local node indices of the accepted path without the root, -1 padded
+    (``AcceptResult.accepted_nodes``). Slots are the caller's: positions num_computed + i in a
+    block table (accepted_slot_moves) or the step's slot mapping of each node row (engine).
     """
     nodes = torch.as_tensor(accepted_nodes, dtype=torch.int64).cpu()
     if nodes.dim() != 2:
@@ -49,10 +48,24 @@ def accepted_slot_moves(offsets: torch.Tensor, accepted_nodes: torch.Tensor,
     depth = torch.arange(1, w + 1).expand(b, w)
     if bool((taken & ((nodes < depth) | (nodes >= sizes[:, None]))).any()):
         raise ValueError("accepted node index out of range (need depth j <= i_j < tree size)")
-    base = torch.as_tensor(num_computed, dtype=torch.int64).cpu()[:, None]
     move = taken & (nodes != depth)
-    req = torch.arange(b)[:, None].expand(b, w)[move]
-    src_pos, dst_pos = (base + nodes)[move], (base + depth)[move]
+    return torch.arange(b)[:, None].expand(b, w)[move], nodes[move], depth[move]
+
+
+def accepted_slot_moves(offsets: torch.Tensor, accepted_nodes: torch.Tensor,
+                        num_computed: torch.Tensor, block_table: torch.Tensor,
+                        block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(src_slots, dst_slots), int64 [M]: every move of every request, request order, j ascending.
+
+    offsets: int [B+1] of the verified tree batch (only to check node indices);
+    accepted_nodes: int [B, W], local node indices of the accepted path without the root,
+    -1 padded (``AcceptResult.accepted_nodes``); num_computed: int [B] (the root's position);
+    block_table: [B, max_blocks] logical -> physical block. Moves with src == dst are dropped,
+    so a path that is the node prefix 1..a yields none.
+    """
+    req, src, dst = accepted_local_moves(offsets, accepted_nodes)
+    base = torch.as_tensor(num_computed, dtype=torch.int64).cpu()[req]
+    src_pos, dst_pos = base + src, base + dst
     table = torch.as_tensor(block_table).cpu().to(torch.int64)
 
     def slot(pos: torch.Tensor) -> torch.Tensor:
