@@ -1,0 +1,166 @@
+"""Acceptance replay: tau of any drafter config against the target's recorded greedy outputs.
+
+Greedy tree verification accepts exactly the longest tree path that spells the target's own
+greedy continuation, so with the target's greedy outputs recorded once (vLLM, no speculation,
+cached under the fixture cache keyed by model, prompts and max_tokens), each config's tau is
+replayed without a model forward: draft from prompt + output[:t], walk the tree along
+output[t:], commit the accepted path plus the bonus token, repeat. Minutes of serving runs
+become seconds, which is what tuning tree shape and scoring needs. The replay equals the
+serving run at concurrency 1 up to the scheduler's cuts near max_model_len (none here);
+`bench_serving.py` remains the measurement of record for tokens/s.
+
+    .venv/bin/python benchmarks/replay_tau.py                       # chains vs trees, budgets 8/16/32/64
+    .venv/bin/python benchmarks/replay_tau.py --budgets 16 --configs ngram-trie ngram-trie-tree
+    .venv/bin/python benchmarks/replay_tau.py --config-json '{"drafter": {"type": "ngram_trie"}, "tree": {"builder": "beam"}}'
+
+tau here = 1 + accepted / steps-with-a-draft (the serving benchmark's definition); also printed:
+tokens per step over all steps, and drafting time per step (drafter + builder, one thread).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+DEFAULT_CONFIGS = ("prompt-lookup", "prompt-lookup-tree", "ngram-trie", "ngram-trie-tree",
+                   "ngram-trie-beam-dart")
+INLINE = {
+    "ngram-trie-beam-dart": {"drafter": {"type": "ngram_trie"},
+                             "tree": {"builder": "beam", "topk": 4, "width": 4, "max_depth": 8,
+                                      "scorer": "dart"}},
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--fixture", default="code-lm")
+    p.add_argument("--num-prompts", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0, help="prompt sampling seed (as bench_serving)")
+    p.add_argument("--budgets", type=int, nargs="+", default=[8, 16, 32, 64])
+    p.add_argument("--configs", nargs="*", default=list(DEFAULT_CONFIGS),
+                   help=f"preset names or {', '.join(INLINE)}")
+    p.add_argument("--config-json", action="append", default=[], help="extra inline treespec config")
+    p.add_argument("--output", type=Path, default=None, help="JSON record (default: print only)")
+    return p.parse_args(argv)
+
+
+def reference_outputs(model_dir: Path, prompts: Sequence[str], max_tokens: int) -> list[dict]:
+    """[{prompt_ids, output_ids}] of vLLM greedy decoding without speculation (cached)."""
+    from vllm_treespec.fixtures.cache import cache_root
+
+    meta = (model_dir / "fixture.json").read_text() if (model_dir / "fixture.json").exists() else str(model_dir)
+    key = hashlib.sha256(json.dumps([meta, list(prompts), max_tokens]).encode()).hexdigest()[:16]
+    path = cache_root() / "replay" / f"greedy-{key}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    import os
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=str(model_dir), dtype="float32", enforce_eager=True, max_model_len=1024, seed=0)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    outs = llm.generate(list(prompts), params, use_tqdm=False)
+    records = [{"prompt_ids": list(o.prompt_token_ids), "output_ids": list(o.outputs[0].token_ids)}
+               for o in outs]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(records))
+    del llm
+    return records
+
+
+def accepted_length(tokens: np.ndarray, parents: np.ndarray, continuation: Sequence[int]) -> int:
+    """Length of the longest root path whose draft tokens spell a prefix of `continuation`."""
+    node, depth = 0, 0
+    while depth < len(continuation):
+        children = np.nonzero((parents == node) & (tokens == continuation[depth]))[0]
+        if children.size == 0:
+            break
+        node, depth = int(children[0]), depth + 1
+    return depth
+
+
+def replay(drafter: Any, budget: int, records: Sequence[dict], max_len: int = 1024) -> dict:
+    """Replay one drafter over every recorded request, in order (concurrency 1)."""
+    from vllm_treespec.drafters import DraftInputs
+
+    steps = drafted_steps = accepted = nodes = 0
+    draft_s = 0.0
+    for r, rec in enumerate(records):
+        prompt, out = rec["prompt_ids"], rec["output_ids"]
+        buf = np.zeros((1, max_len), dtype=np.int32)
+        full = prompt + out
+        buf[0, :len(full)] = full
+        t = 1                                  # the first output token comes from the prefill
+        while t < len(out):
+            n = len(prompt) + t
+            remaining = len(out) - t
+            inputs = DraftInputs(req_ids=[f"r{r}"], token_ids=buf, rows=np.zeros(1, dtype=np.int64),
+                                 num_tokens=np.array([n], dtype=np.int64),
+                                 budgets=np.array([min(budget, remaining)], dtype=np.int64))
+            # the drafter may only read the first n tokens; later ones are the future
+            saved = buf[0, n:].copy()
+            buf[0, n:] = 0
+            start = time.perf_counter()
+            tree = drafter.propose(inputs)[0]
+            draft_s += time.perf_counter() - start
+            buf[0, n:] = saved
+            a = accepted_length(tree.tokens, tree.parents, out[t:]) if tree.num_draft else 0
+            a = min(a, remaining - 1)
+            steps += 1
+            if tree.num_draft:
+                drafted_steps += 1
+                nodes += tree.num_draft
+                accepted += a
+            t += a + 1
+        observe = getattr(drafter, "observe_output", None)
+        if observe is not None:
+            observe(np.asarray(out, dtype=np.int32))
+        drafter.on_requests_finished([f"r{r}"])
+    total = sum(len(rec["output_ids"]) - 1 for rec in records)
+    return {"tau": 1 + accepted / max(drafted_steps, 1), "tokens_per_step": total / max(steps, 1),
+            "steps": steps, "drafted_steps": drafted_steps, "accepted": accepted,
+            "mean_nodes": nodes / max(drafted_steps, 1), "draft_ms_per_step": 1e3 * draft_s / max(steps, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = parse_args(argv)
+    from vllm_treespec.config import from_additional_config
+    from vllm_treespec.drafters import make_drafter
+    from vllm_treespec.fixtures import build_fixture
+    from vllm_treespec.fixtures.corpus import held_out_prompts
+
+    model_dir = build_fixture(ns.fixture)
+    prompts = held_out_prompts(ns.num_prompts, seed=ns.seed)
+    records = reference_outputs(model_dir, prompts, ns.max_tokens)
+    configs = [(name, INLINE.get(name, name)) for name in ns.configs]
+    configs += [(f"inline{i}", json.loads(c)) for i, c in enumerate(ns.config_json)]
+    rows = []
+    print(f"{'config':34s} {'budget':>6s} {'tau':>6s} {'tok/step':>8s} {'nodes':>6s} {'draft ms':>8s}")
+    for budget in ns.budgets:
+        for name, cfg in configs:
+            config = from_additional_config({"treespec": cfg}, budget)
+            drafter = make_drafter(config.drafter, str(model_dir), config.tree)
+            row = {"config": name, "budget": budget, **replay(drafter, config.node_budget(budget), records)}
+            rows.append(row)
+            print(f"{name:34s} {budget:6d} {row['tau']:6.2f} {row['tokens_per_step']:8.2f} "
+                  f"{row['mean_nodes']:6.1f} {row['draft_ms_per_step']:8.3f}", flush=True)
+    if ns.output is not None:
+        from vllm_treespec.report import git_commit, hardware_info, software_info
+
+        ns.output.write_text(json.dumps({"benchmark": "replay_tau", "hardware": hardware_info(),
+                                         "software": software_info(), "commit": git_commit(),
+                                         "fixture": ns.fixture, "prompts": ns.num_prompts,
+                                         "max_tokens": ns.max_tokens, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
