@@ -5,9 +5,9 @@ Every engine runs the same phases: 64 held-out prompts at concurrency 1, 8 and 3
 max_tokens cuts, stop strings, prompts that run into max_model_len, long prompts that need
 chunked prefill, repeated prompts served from the prefix cache, and a batch mixing requests that
 trees cannot serve exactly (logprobs, penalties, min_tokens: they decode without drafts) with
-plain ones. Trees of 1, 8, 16 and 64 nodes; prompt-lookup trees (several matches) and n-gram
-trie trees (best-first). A tiny KV cache forces preemption in a separate pair of engines. The
-token budget (max_num_batched_tokens) is small enough that the scheduler cuts trees to a
+plain ones. Trees of 1, 8, 16 and 64 nodes; prompt-lookup trees (several matches), n-gram
+trie trees (best-first) and lookup-trie trees (both mixed). A tiny KV cache forces preemption
+in a separate pair of engines. The token budget (max_num_batched_tokens) is small enough that the scheduler cuts trees to a
 prefix of their nodes at concurrency 32.
 """
 from __future__ import annotations
@@ -26,11 +26,13 @@ ENGINE = dict(dtype="float32", enforce_eager=True, max_model_len=MAX_LEN, max_nu
 LOOKUP_TREE = {"drafter": {"type": "prompt_lookup", "max_matches": 8}, "tree": {"builder": "best_first"}}
 NGRAM_TREE = {"drafter": {"type": "ngram_trie", "k": 4},
               "tree": {"builder": "best_first", "topk": 4, "max_depth": 6}}
+LOOKUP_TRIE_TREE = {"drafter": {"type": "lookup_trie"}, "tree": {"builder": "best_first", "max_depth": 8}}
 TREES = {  # name -> (num_speculative_tokens = most nodes per tree, deployment config)
     "lookup-16": (16, LOOKUP_TREE),
     "lookup-64": (64, LOOKUP_TREE),
     "lookup-1": (1, LOOKUP_TREE),
     "ngram-8": (8, NGRAM_TREE),
+    "lookup-trie-16": (16, LOOKUP_TRIE_TREE),
 }
 N = 64
 PROMPTS = corpus.held_out_prompts(N, prompt_chars=400, seed=11)

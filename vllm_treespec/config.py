@@ -22,7 +22,7 @@ CONFIGS_DIR = PROJECT_ROOT / "configs"
 DEFAULT_PRESET = "prompt-lookup"
 ADDITIONAL_CONFIG_KEY = "treespec"
 
-__all__ = ["ConfigError", "TreespecConfig", "PromptLookupConfig", "load_config", "config_reference"]
+__all__ = ["ConfigError", "TreespecConfig", "PromptLookupConfig", "LookupTrieConfig", "load_config", "config_reference"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +66,37 @@ class NgramTrieConfig:
         "Memory for the online layer that learns from this deployment's outputs; 0 = off."))
 
 
-DRAFTERS: dict[str, type] = {"prompt_lookup": PromptLookupConfig, "ngram_trie": NgramTrieConfig}
+@dataclasses.dataclass(frozen=True)
+class LookupTrieConfig:
+    """Prompt lookup mixed with a corpus n-gram trie in one tree (drafters/lookup_trie.py)."""
+    type: Literal["lookup_trie"] = spec(doc="Drafter kind.")
+    min_ngram: int = spec(1, ge=1, le=64, doc="Shortest suffix n-gram that may match.")
+    max_ngram: int = spec(4, ge=1, le=64, doc="Longest suffix n-gram tried (longer matches win).")
+    max_matches: int = spec(8, ge=0, le=256, doc=(
+        "Earlier matches (of the longest matched suffix) whose continuations are merged; "
+        "0 = trie only."))
+    lookup_weight: float = spec(0.8, doc=(
+        "Share of a node's probability given to the match continuations where the path still "
+        "follows one (the trie's top-k get the rest). Range: [0, 1]."))
+    path: str = spec("fixture:stdlib-3gram", doc="Trie file or fixture (as ngram_trie.path).")
+    order: int | None = spec(None, ge=1, le=16, doc="Expected trie order; null accepts the file's.")
+    k: int = spec(4, ge=1, le=64, doc="Trie continuations considered per node.")
+    min_context: int = spec(1, ge=0, le=15, doc=(
+        "Trie tokens only if at least this many preceding tokens matched in the trie."))
+    online_mb: float = spec(0.0, ge=0.0, le=4096.0, doc=(
+        "Memory for the trie's online layer that learns from this deployment's outputs; 0 = off."))
+
+    def validate(self, prefix: str) -> None:
+        if not 0.0 <= self.lookup_weight <= 1.0:
+            raise ConfigError(f"{prefix}.lookup_weight: {self.lookup_weight} is out of range; allowed "
+                              "0 <= lookup_weight <= 1")
+        if self.min_ngram > self.max_ngram:
+            raise ConfigError(f"{prefix}.min_ngram: {self.min_ngram} is larger than {prefix}.max_ngram "
+                              f"({self.max_ngram}); set min_ngram <= max_ngram")
+
+
+DRAFTERS: dict[str, type] = {"prompt_lookup": PromptLookupConfig, "ngram_trie": NgramTrieConfig,
+                             "lookup_trie": LookupTrieConfig}
 
 
 BUILDER_NAMES = ("chain", "best_first", "beam", "threshold", "static")
@@ -227,7 +257,11 @@ def parse_config(raw: Any, source: str = "<inline>", num_speculative_tokens: int
 _DRAFTER_BUILDERS: dict[str, tuple[str, ...]] = {
     "prompt_lookup": ("chain", "best_first"),
     "ngram_trie": BUILDER_NAMES,
+    "lookup_trie": ("chain", "best_first"),
 }
+# Drafters that rank their own tree nodes (match counts, mixture probabilities): of the builder
+# keys only tree.max_depth applies.
+_SELF_RANKING = {"prompt_lookup": "match counts", "lookup_trie": "mixture probabilities"}
 
 
 def _check_drafter_tree(cfg: TreespecConfig) -> None:
@@ -235,11 +269,12 @@ def _check_drafter_tree(cfg: TreespecConfig) -> None:
     if cfg.tree.builder not in allowed:
         raise ConfigError(f"tree.builder: {cfg.tree.builder!r} cannot shape {cfg.drafter.type} drafts; "
                           f"choose one of {', '.join(repr(b) for b in allowed)}")
-    if cfg.drafter.type == "prompt_lookup" and cfg.tree.builder_params().keys() - {"max_depth", "scorer"}:
-        raise ConfigError("tree: prompt_lookup ranks tree nodes by match counts; of the builder keys only "
-                          "tree.max_depth applies (remove the others)")
-    if cfg.drafter.type == "prompt_lookup" and cfg.tree.scorer != "acc_logp":
-        raise ConfigError("tree.scorer: prompt_lookup ranks tree nodes by match counts; remove tree.scorer")
+    ranking = _SELF_RANKING.get(cfg.drafter.type)
+    if ranking and cfg.tree.builder_params().keys() - {"max_depth", "scorer"}:
+        raise ConfigError(f"tree: {cfg.drafter.type} ranks tree nodes by {ranking}; of the builder keys "
+                          "only tree.max_depth applies (remove the others)")
+    if ranking and cfg.tree.scorer != "acc_logp":
+        raise ConfigError(f"tree.scorer: {cfg.drafter.type} ranks tree nodes by {ranking}; remove tree.scorer")
 
 
 def _check_budget(cfg: TreespecConfig, num_speculative_tokens: int) -> None:

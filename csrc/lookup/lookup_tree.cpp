@@ -9,18 +9,7 @@ namespace treespec::lookup {
 
 namespace {
 
-// Trie node; children form a singly linked list (siblings are few: at most max_matches).
-struct TrieNode {
-  int32_t token;
-  int32_t parent;
-  int32_t depth;
-  int32_t weight;
-  int32_t first_rank;  // rank of the first (best) match that reached this node
-  int32_t first_child = -1;
-  int32_t next_sibling = -1;
-};
-
-int32_t add_child(std::vector<TrieNode>* trie, int32_t parent, int32_t token, int32_t rank) {
+int32_t add_child(std::vector<MatchNode>* trie, int32_t parent, int32_t token, int32_t rank) {
   auto& t = *trie;
   const int32_t id = static_cast<int32_t>(t.size());
   t.push_back({token, parent, t[parent].depth + 1, 1, rank, -1, t[parent].first_child});
@@ -29,7 +18,7 @@ int32_t add_child(std::vector<TrieNode>* trie, int32_t parent, int32_t token, in
 }
 
 // Walks (and extends) the trie along one continuation, counting the match on every node.
-void insert(std::vector<TrieNode>* trie, const int32_t* cont, int32_t len, int32_t rank) {
+void insert(std::vector<MatchNode>* trie, const int32_t* cont, int32_t len, int32_t rank) {
   auto& t = *trie;
   int32_t cur = 0;
   ++t[0].weight;
@@ -46,11 +35,13 @@ void insert(std::vector<TrieNode>* trie, const int32_t* cont, int32_t len, int32
 
 }  // namespace
 
-int propose_tree(const int32_t* tokens, int64_t n, int min_n, int max_n, int max_matches,
-                 int max_depth, int64_t budget, std::vector<TreeNode>* out, double continue_prob) {
-  if (budget <= 0 || max_depth < 1) return 0;
+std::vector<MatchNode> build_match_trie(const int32_t* tokens, int64_t n, int min_n, int max_n,
+                                        int max_matches, int max_depth) {
+  std::vector<MatchNode> trie;
+  trie.push_back({-1, -1, 0, 0, 0, -1, -1});
+  if (max_depth < 1 || max_matches < 1) return trie;
   auto matches = find_suffix_matches(tokens, n, min_n, max_n, max_depth, max_matches);
-  if (matches.empty()) return 0;
+  if (matches.empty()) return trie;
   // Only matches of the longest suffix length: shorter suffix matches are weaker evidence, and
   // counted equally they would outrank the best continuation (measured: trees from all 8 best
   // matches verified fewer tokens per step than the best match's chain on the code-LM fixture).
@@ -58,14 +49,19 @@ int propose_tree(const int32_t* tokens, int64_t n, int min_n, int max_n, int max
   matches.erase(std::remove_if(matches.begin(), matches.end(),
                                [best_len](const SuffixMatch& m) { return m.match_len != best_len; }),
                 matches.end());
-
-  std::vector<TrieNode> trie;
   trie.reserve(matches.size() * static_cast<size_t>(matches.front().continuation_len) + 1);
-  trie.push_back({-1, -1, 0, 0, 0, -1, -1});
   for (size_t r = 0; r < matches.size(); ++r) {
     const SuffixMatch& m = matches[r];
     insert(&trie, tokens + m.continuation_start, m.continuation_len, static_cast<int32_t>(r));
   }
+  return trie;
+}
+
+int propose_tree(const int32_t* tokens, int64_t n, int min_n, int max_n, int max_matches,
+                 int max_depth, int64_t budget, std::vector<TreeNode>* out, double continue_prob) {
+  if (budget <= 0 || max_depth < 1) return 0;
+  const std::vector<MatchNode> trie = build_match_trie(tokens, n, min_n, max_n, max_matches, max_depth);
+  if (trie[0].weight == 0) return 0;
 
   // Emission order (see the header): estimated path probability desc, i.e. log(weight / matches)
   // + depth * log(continue_prob), then first_rank asc, then creation order (along one match's
@@ -88,7 +84,7 @@ int propose_tree(const int32_t* tokens, int64_t n, int min_n, int max_n, int max
   std::vector<int32_t> local(trie.size(), -1);
   local[0] = 0;
   for (size_t i = 0; i < take; ++i) {
-    const TrieNode& node = trie[order[i]];
+    const MatchNode& node = trie[order[i]];
     local[order[i]] = static_cast<int32_t>(i + 1);
     out->push_back({node.token, local[node.parent], node.depth, node.weight});
   }

@@ -30,6 +30,24 @@ struct TreeNode {
   int32_t weight;  // matches whose continuation passes through this node (>= 1)
 };
 
+// The merged continuations of the matches a lookup tree uses: node 0 is the root (weight =
+// matches used; 0 when nothing matched, and then it is the only node), children are linked
+// lists in reverse insertion order, `first_rank` is the rank of the best match through a node.
+struct MatchNode {
+  int32_t token;
+  int32_t parent;
+  int32_t depth;
+  int32_t weight;
+  int32_t first_rank;
+  int32_t first_child = -1;
+  int32_t next_sibling = -1;
+};
+
+// The matches of `propose_tree` (longest suffix length only, continuations cut to max_depth)
+// merged into a trie.
+std::vector<MatchNode> build_match_trie(const int32_t* tokens, int64_t n, int min_n, int max_n,
+                                        int max_matches, int max_depth);
+
 // Appends at most `budget` nodes of the lookup tree of tokens[0:n] to `out`, in the order above.
 // Matches are find_suffix_matches(tokens, n, min_n, max_n, max_depth, max_matches), keeping only
 // those whose matched suffix is as long as the best match's; each one

@@ -15,6 +15,7 @@
 #include "ngram/freeze.h"
 #include "ngram/online.h"
 #include "ngram/trie.h"
+#include "lookup/lookup_trie_tree.h"
 #include "tree/trie_ngram.h"
 
 namespace py = pybind11;
@@ -24,6 +25,7 @@ namespace treespec::ngram {
 namespace {
 
 using I32Array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+using I64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
 using CursorArray = py::array_t<Cursor, py::array::c_style>;
 
 // A loaded trie plus this process's optional online layer (the Python class `Trie`).
@@ -107,6 +109,51 @@ const Cursor* checked_cursors(const Handle& h, const CursorArray& c) {
   const Cursor* p = c.data();
   for (int64_t i = 0; i < c.shape(0); ++i) h.file->check_cursor(p[i]);
   return p;
+}
+
+// Lookup-trie trees (csrc/lookup/lookup_trie_tree.h) for several rows of vLLM's [rows, max_len]
+// int32 token buffer: request i reads the first lengths[i] tokens of row rows[i] and gets at
+// most budgets[i] nodes. Returns (tokens, parents, depth int64, logprob, score float64,
+// counts int64[B]): one root-first DraftTree block of counts[i] + 1 entries per request.
+py::tuple lookup_trie_trees(const Handle& h, const I32Array& token_ids, const I64Array& rows,
+                            const I64Array& lengths, const I64Array& budgets,
+                            const treespec::lookup::LookupTrieParams& prm) {
+  if (token_ids.ndim() != 2) throw std::invalid_argument("token_ids must be 2-D [rows, max_len]");
+  const int64_t num = rows.size(), num_rows = token_ids.shape(0), max_len = token_ids.shape(1);
+  if (lengths.size() != num || budgets.size() != num)
+    throw std::invalid_argument("rows, lengths and budgets must have the same length");
+  if (prm.min_n < 1 || prm.max_n < prm.min_n || prm.max_matches < 0 || prm.max_depth < 1 || prm.k < 1 ||
+      prm.min_context < 0 || !(prm.lookup_weight >= 0.0 && prm.lookup_weight <= 1.0))
+    throw std::invalid_argument("lookup_trie_trees: need 1 <= min_n <= max_n, max_matches >= 0, "
+                                "max_depth >= 1, k >= 1, min_context >= 0, 0 <= lookup_weight <= 1");
+  const int64_t* r = rows.data();
+  const int64_t* len = lengths.data();
+  for (int64_t i = 0; i < num; ++i)
+    if (r[i] < 0 || r[i] >= num_rows || len[i] < 1 || len[i] > max_len)
+      throw std::out_of_range("request " + std::to_string(i) + ": row or length out of range of token_ids");
+  std::vector<int64_t> tokens, parents, depth, counts;
+  std::vector<double> logprob, score;
+  std::shared_ptr<OnlineCounts> online = h.online;
+  {
+    py::gil_scoped_release release;
+    OnlineCounts::ReadLock lock;
+    if (online) lock = online->read_lock();
+    std::vector<treespec::lookup::MixedNode> nodes;
+    for (int64_t i = 0; i < num; ++i) {
+      const int32_t* row = token_ids.data() + r[i] * max_len;
+      nodes.clear();
+      treespec::lookup::propose_lookup_trie_tree(row, len[i], budgets.data()[i], prm, *h.file, online.get(), &nodes);
+      tokens.push_back(row[len[i] - 1]), parents.push_back(-1), depth.push_back(0);
+      logprob.push_back(0.0), score.push_back(0.0);
+      for (const auto& n : nodes) {
+        tokens.push_back(n.token), parents.push_back(n.parent), depth.push_back(n.depth);
+        logprob.push_back(n.logprob), score.push_back(n.score);
+      }
+      counts.push_back(static_cast<int64_t>(nodes.size()));
+    }
+  }
+  const auto arr = [](auto& v) { return py::array(v.size(), v.data()); };
+  return py::make_tuple(arr(tokens), arr(parents), arr(depth), arr(logprob), arr(score), arr(counts));
 }
 
 py::dict header_dict(const TrieFile& t) {
@@ -279,6 +326,18 @@ void register_ngram(py::module_& parent) {
             }
             return topk_impl(h, cur.data(), b, k);
           }, py::arg("contexts"), py::arg("k"))
+      .def("lookup_trie_trees", [](const Handle& h, const I32Array& token_ids, const I64Array& rows,
+                                   const I64Array& lengths, const I64Array& budgets, int min_n, int max_n,
+                                   int max_matches, int max_depth, int k, int min_context,
+                                   double lookup_weight, bool chain) {
+            treespec::lookup::LookupTrieParams prm;
+            prm.min_n = min_n, prm.max_n = max_n, prm.max_matches = max_matches, prm.max_depth = max_depth;
+            prm.k = k, prm.min_context = min_context, prm.lookup_weight = lookup_weight, prm.chain = chain;
+            return lookup_trie_trees(h, token_ids, rows, lengths, budgets, prm);
+          }, py::arg("token_ids"), py::arg("rows"), py::arg("lengths"), py::arg("budgets"), py::arg("min_ngram"),
+          py::arg("max_ngram"), py::arg("max_matches"), py::arg("max_depth"), py::arg("k"), py::arg("min_context"),
+          py::arg("lookup_weight"), py::arg("chain"),
+          "Prompt-lookup continuations mixed with this trie's, best-first (csrc/lookup/lookup_trie_tree.h).")
       .def("scorer", [](const Handle& h, double floor) {
             return std::make_unique<treespec::tree::TrieNgram>(h.file, h.online, floor);
           }, py::arg("floor"),

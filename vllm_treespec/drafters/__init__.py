@@ -22,6 +22,10 @@ def make_drafter(drafter_config: Any, tokenizer_dir: str | None = None, tree_con
         from vllm_treespec.drafters.ngram_trie import NgramTrieDrafter
 
         return NgramTrieDrafter(drafter_config, tokenizer_dir, tree_config)
+    if kind == "lookup_trie":
+        from vllm_treespec.drafters.lookup_trie import LookupTrieDrafter
+
+        return LookupTrieDrafter(drafter_config, tokenizer_dir, tree_config)
     raise ValueError(f"drafter.type {kind!r} has no drafter implementation")
 
 

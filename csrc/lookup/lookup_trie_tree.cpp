@@ -1,0 +1,136 @@
+#include "lookup/lookup_trie_tree.h"
+
+#include <algorithm>
+#include <cmath>
+#include <queue>
+
+#include "lookup/lookup_tree.h"
+
+namespace treespec::lookup {
+
+namespace {
+
+struct Child {
+  int32_t token;
+  double p;
+  int32_t match;  // match-trie node of the child, -1 if none
+};
+
+struct Search {
+  const int32_t* tokens;
+  const LookupTrieParams& prm;
+  const ngram::TrieFile& trie;
+  const ngram::OnlineCounts* online;
+  std::vector<MatchNode> matches;
+  // Candidate-tree nodes (0 = root).
+  std::vector<int32_t> parent, depth, pos, token, match, emitted;
+  std::vector<double> logp, score;
+  std::vector<ngram::Cursor> cursor;
+  std::vector<std::vector<int32_t>> pospath;
+  std::vector<std::vector<Child>> kids;  // sorted children, computed on first use
+  std::vector<bool> has_kids;
+  std::vector<int32_t> cand_buf;
+  std::vector<double> prob_buf;
+  std::vector<int8_t> order_buf;
+
+  Search(const int32_t* t, int64_t n, const LookupTrieParams& p, const ngram::TrieFile& tr,
+         const ngram::OnlineCounts* on)
+      : tokens(t), prm(p), trie(tr), online(on),
+        matches(build_match_trie(t, n, p.min_n, p.max_n, p.max_matches, p.max_depth)) {
+    const int64_t m = std::min<int64_t>(std::max(trie.order() - 1, 1), n);
+    add(-1, 0, 0, t[n - 1], matches[0].weight > 0 ? 0 : -1, trie.cursor(t + n - m, m), 0.0, 0.0, {});
+  }
+
+  int32_t add(int32_t par, int32_t d, int32_t ps, int32_t tok, int32_t mt, const ngram::Cursor& c,
+              double lp, double s, std::vector<int32_t> path) {
+    parent.push_back(par), depth.push_back(d), pos.push_back(ps), token.push_back(tok);
+    match.push_back(mt), emitted.push_back(-1), logp.push_back(lp), score.push_back(s);
+    cursor.push_back(c), pospath.push_back(std::move(path));
+    kids.emplace_back(), has_kids.push_back(false);
+    return static_cast<int32_t>(parent.size() - 1);
+  }
+
+  const std::vector<Child>& children(int32_t v) {
+    if (has_kids[v]) return kids[v];
+    has_kids[v] = true;
+    std::vector<Child> out;
+    if (depth[v] >= prm.max_depth) return kids[v];
+    const int32_t mv = match[v];
+    const bool lookup = mv >= 0 && matches[mv].first_child >= 0;
+    const double lambda = lookup ? prm.lookup_weight : 0.0;
+    if (lookup) {
+      const double w = matches[mv].weight;
+      for (int32_t c = matches[mv].first_child; c >= 0; c = matches[c].next_sibling)
+        out.push_back({matches[c].token, 0.0 + lambda * (matches[c].weight / w), c});
+    }
+    const std::vector<ngram::Scored> top = trie.topk(cursor[v], prm.k, online);
+    const int64_t kk = static_cast<int64_t>(top.size());
+    if (kk > 0) {
+      cand_buf.resize(kk), prob_buf.resize(kk), order_buf.resize(kk);
+      for (int64_t i = 0; i < kk; ++i) cand_buf[i] = top[i].token;
+      trie.prob(cursor[v], cand_buf.data(), kk, 0.0, online, prob_buf.data(), order_buf.data());
+      for (int64_t i = 0; i < kk; ++i) {
+        if (prm.min_context > 0 && order_buf[i] < prm.min_context) continue;
+        const double q = (1.0 - lambda) * top[i].prob;
+        auto it = std::find_if(out.begin(), out.end(), [&](const Child& c) { return c.token == top[i].token; });
+        if (it != out.end()) it->p += q;
+        else out.push_back({top[i].token, 0.0 + q, -1});
+      }
+    }
+    out.erase(std::remove_if(out.begin(), out.end(), [](const Child& c) { return !(c.p > 0.0); }), out.end());
+    std::sort(out.begin(), out.end(), [](const Child& a, const Child& b) {
+      return a.p != b.p ? a.p > b.p : a.token < b.token;
+    });
+    kids[v] = std::move(out);
+    return kids[v];
+  }
+
+  // The i-th child of v as a candidate-tree node.
+  int32_t make_child(int32_t v, int32_t i) {
+    const Child c = children(v)[i];
+    const double lp = std::log(c.p);
+    std::vector<int32_t> path = pospath[v];
+    path.push_back(i);
+    return add(v, depth[v] + 1, i, c.token, c.match, trie.advance(cursor[v], c.token), lp,
+               score[v] + lp, std::move(path));
+  }
+};
+
+}  // namespace
+
+void propose_lookup_trie_tree(const int32_t* tokens, int64_t n, int64_t budget,
+                              const LookupTrieParams& params, const ngram::TrieFile& trie,
+                              const ngram::OnlineCounts* online, std::vector<MixedNode>* out) {
+  if (budget <= 0 || n <= 0 || params.max_depth < 1) return;
+  Search s(tokens, n, params, trie, online);
+  s.emitted[0] = 0;
+  const size_t start = out->size();
+  const auto emitted_count = [&]() { return static_cast<int64_t>(out->size() - start); };
+  if (params.chain) {
+    for (int32_t v = 0; emitted_count() < budget && !s.children(v).empty();) {
+      v = s.make_child(v, 0);
+      s.emitted[v] = static_cast<int32_t>(emitted_count()) + 1;
+      out->push_back({s.token[v], s.emitted[s.parent[v]], s.depth[v], s.logp[v], s.score[v]});
+    }
+    return;
+  }
+  // Pop order: score desc, depth asc, sibling-position path asc.
+  const auto later = [&s](int32_t a, int32_t b) {
+    if (s.score[a] != s.score[b]) return s.score[a] < s.score[b];
+    if (s.depth[a] != s.depth[b]) return s.depth[a] > s.depth[b];
+    return s.pospath[a] > s.pospath[b];
+  };
+  std::priority_queue<int32_t, std::vector<int32_t>, decltype(later)> heap(later);
+  if (!s.children(0).empty()) heap.push(s.make_child(0, 0));
+  while (emitted_count() < budget && !heap.empty()) {
+    const int32_t v = heap.top();
+    heap.pop();
+    s.emitted[v] = static_cast<int32_t>(emitted_count()) + 1;
+    out->push_back({s.token[v], s.emitted[s.parent[v]], s.depth[v], s.logp[v], s.score[v]});
+    if (!s.children(v).empty()) heap.push(s.make_child(v, 0));
+    const int32_t p = s.parent[v];
+    if (s.pos[v] + 1 < static_cast<int32_t>(s.children(p).size())) heap.push(s.make_child(p, s.pos[v] + 1));
+  }
+}
+
+}  // namespace treespec::lookup

@@ -1,0 +1,53 @@
+// Lookup-trie trees: prompt-lookup continuations mixed with corpus n-gram trie continuations.
+//
+// Prompt lookup is precise where the request repeats itself and silent elsewhere; a corpus
+// n-gram trie always has a guess but a weak one (order-3 context). One best-first tree over their
+// mixture drafts the lookup continuation where there is one and hedges with the trie's
+// alternatives where the lookup is absent or likely to stop.
+//
+// Children of a node v (path p from the root, depth < max_depth):
+//   q_L(c) = weight(child c of v's match-trie node) / weight(v's match-trie node), from the
+//            merged continuations of the request's longest-suffix matches (build_match_trie);
+//            v has a match-trie node while p follows some match continuation;
+//   q_T(c) = the n-gram trie's probability of c after (context + p), for its top-k tokens whose
+//            probability came from a suffix of at least min_context tokens;
+//   P(c)   = lambda * q_L(c) + (1 - lambda) * q_T(c), lambda = lookup_weight when v has lookup
+//            children, else 0 (so without matches this is the plain trie tree).
+// Children are ranked (P desc, token asc); a node's score is the sum of log P along its path.
+// Best-first with lazy push pops nodes by (score desc, depth asc, sibling-position path asc)
+// and emits them in pop order (parents first; budget n gives the first n nodes of any larger
+// budget). chain = the greedy spine: the best child of each node, depth by depth.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ngram/online.h"
+#include "ngram/trie.h"
+
+namespace treespec::lookup {
+
+struct LookupTrieParams {
+  int min_n = 1, max_n = 4, max_matches = 8;  // prompt lookup (max_matches 0: trie only)
+  int max_depth = 8;
+  int k = 4;              // trie continuations per node
+  int min_context = 1;    // trie tokens need a matched context of at least this many tokens
+  double lookup_weight = 0.8;
+  bool chain = false;
+};
+
+struct MixedNode {
+  int32_t token;
+  int32_t parent;  // local index: 0 = root, i + 1 = the i-th emitted node
+  int32_t depth;
+  double logprob;  // log P of this node given its parent
+  double score;    // sum of logprob along the path
+};
+
+// Appends at most `budget` nodes of the tree of tokens[0:n] (root = tokens[n-1]) to `out`.
+// `online` (may be null) must be read-locked by the caller for the duration of the call.
+void propose_lookup_trie_tree(const int32_t* tokens, int64_t n, int64_t budget,
+                              const LookupTrieParams& params, const ngram::TrieFile& trie,
+                              const ngram::OnlineCounts* online, std::vector<MixedNode>* out);
+
+}  // namespace treespec::lookup

@@ -1,0 +1,128 @@
+"""Lookup-trie trees: the C++ core equals the Python reference, trees are prefix-closed, and the
+config section fails clearly on wrong values."""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vllm_treespec.config import ConfigError, load_config
+from vllm_treespec.drafters import DraftInputs, make_drafter
+from vllm_treespec.drafters.lookup_trie import lookup_trie_trees_reference
+from vllm_treespec.ngram import NgramTrie, build_trie_from_streams
+from vllm_treespec.tree import DraftTree
+
+
+def same(a: DraftTree, b: DraftTree) -> None:
+    for f in ("tokens", "parents", "depth", "logprob", "score"):
+        assert np.array_equal(getattr(a, f), getattr(b, f)), (f, getattr(a, f), getattr(b, f))
+
+
+def native_trees(trie: NgramTrie, buf, rows, lens, budgets, **p) -> list[DraftTree]:
+    tokens, parents, depth, logprob, score, counts = trie._t.lookup_trie_trees(
+        buf, np.asarray(rows, np.int64), np.asarray(lens, np.int64), np.asarray(budgets, np.int64), **p)
+    out, start = [], 0
+    for end in np.cumsum(counts + 1).tolist():
+        out.append(DraftTree(tokens[start:end], parents[start:end], depth[start:end],
+                             logprob[start:end], score[start:end]))   # validates the tree
+        start = end
+    return out
+
+
+def random_case(rng: np.random.Generator, vocab: int):
+    """A token buffer with repeats (so suffixes match) and random mixture parameters."""
+    rows, width = int(rng.integers(1, 5)), 80
+    motif = rng.integers(vocab, size=int(rng.integers(2, 8)))
+    buf = np.zeros((rows, width), np.int32)
+    for r in range(rows):
+        seq = np.concatenate([motif if rng.random() < 0.6 else rng.integers(vocab, size=5)
+                              for _ in range(40)])[:width]
+        buf[r] = np.where(rng.random(width) < 0.15, rng.integers(vocab, size=width), seq)
+    lens = rng.integers(1, width + 1, size=rows)
+    budgets = rng.integers(0, 30, size=rows)
+    params = dict(min_ngram=int(rng.integers(1, 3)), max_ngram=int(rng.integers(3, 6)),
+                  max_matches=int(rng.integers(0, 9)), max_depth=int(rng.integers(1, 12)),
+                  k=int(rng.integers(1, 7)), min_context=int(rng.integers(0, 3)),
+                  lookup_weight=float(rng.choice([0.0, 0.3, 0.8, 1.0])), chain=bool(rng.integers(2)))
+    return buf, np.arange(rows), lens, budgets, params
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_native_trees_equal_the_reference(seed):
+    rng = np.random.default_rng(seed)
+    vocab = int(rng.integers(3, 20))
+    streams = [rng.integers(vocab, size=int(rng.integers(5, 120))).tolist() for _ in range(5)]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.trie"
+        build_trie_from_streams(streams, path, order=int(rng.integers(1, 5)), vocab_size=vocab)
+        trie = NgramTrie.load(path)
+        if seed % 4 == 0:   # an online layer that has seen other text shifts the probabilities
+            trie.enable_online(capacity_mb=1)
+            trie.observe(rng.integers(vocab, size=200).astype(np.int32))
+        buf, rows, lens, budgets, params = random_case(rng, vocab)
+        got = native_trees(trie, buf, rows, lens, budgets, **params)
+        want = lookup_trie_trees_reference(buf, rows, lens, budgets, trie, **params)
+        for a, b, budget in zip(got, want, budgets):
+            same(a, b)
+            assert a.num_draft <= budget
+            assert (a.depth[1:] <= params["max_depth"]).all()
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_trees_are_prefix_closed(seed):
+    """vLLM may cut a request's drafts to a prefix: that prefix is the tree for that budget."""
+    rng = np.random.default_rng(100 + seed)
+    vocab = 12
+    streams = [rng.integers(vocab, size=100).tolist() for _ in range(4)]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.trie"
+        build_trie_from_streams(streams, path, order=3, vocab_size=vocab)
+        trie = NgramTrie.load(path)
+        buf, rows, lens, _, params = random_case(rng, vocab)
+        params["chain"] = False
+        big = native_trees(trie, buf, rows, lens, [40] * len(rows), **params)
+        for n in range(0, 41, 7):
+            for tree, full in zip(native_trees(trie, buf, rows, lens, [n] * len(rows), **params), big):
+                same(tree, full.prefix(min(n, full.num_draft)))
+
+
+def test_lookup_weight_one_follows_the_match_and_zero_is_the_trie_alone():
+    vocab = 10
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.trie"
+        build_trie_from_streams([[1, 2, 3, 4] * 10], path, order=2, vocab_size=vocab)
+        trie = NgramTrie.load(path)
+        # the request repeated "5 1 7 8" earlier: lookup says 1 -> 7 -> 8, the trie says 1 -> 2 -> 3
+        buf = np.array([[5, 1, 7, 8, 9, 5, 1]], np.int32)
+        kw = dict(min_ngram=1, max_ngram=3, max_matches=4, max_depth=3, k=2, min_context=1, chain=True)
+        lookup = native_trees(trie, buf, [0], [7], [3], lookup_weight=1.0, **kw)[0]
+        trie_only = native_trees(trie, buf, [0], [7], [3], lookup_weight=0.0, **kw)[0]
+        assert lookup.draft_token_ids() == [7, 8, 9]
+        assert trie_only.draft_token_ids() == [2, 3, 4]
+
+
+def test_drafter_from_config_on_the_fixture_trie(tiny_model):
+    cfg = load_config({"drafter": {"type": "lookup_trie"}, "tree": {"builder": "best_first", "max_depth": 6}}, 16)
+    drafter = make_drafter(cfg.drafter, str(tiny_model), cfg.tree)
+    buf = np.tile(np.arange(40, 60, dtype=np.int32), (2, 4))
+    inputs = DraftInputs(req_ids=["a", "b"], token_ids=buf, rows=np.arange(2), num_tokens=np.array([70, 33]),
+                         budgets=np.array([16, 0]))
+    trees = drafter.propose(inputs)
+    assert trees[0].num_draft == 16 and trees[1].num_draft == 0
+    assert trees[0].draft_token_ids()[0] == 50          # the repeated sequence continues
+    assert trees[0].tokens[0] == buf[0, 69] and trees[1].tokens[0] == buf[1, 32]
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"drafter": {"type": "lookup_trie", "lookup_weight": 1.5}}, "drafter.lookup_weight: 1.5 is out of range"),
+    ({"drafter": {"type": "lookup_trie", "min_ngram": 4, "max_ngram": 2}}, "drafter.min_ngram: 4 is larger"),
+    ({"drafter": {"type": "lookup_trie"}, "tree": {"builder": "beam"}}, "tree.builder: 'beam' cannot shape lookup_trie"),
+    ({"drafter": {"type": "lookup_trie"}, "tree": {"builder": "best_first", "topk": 4}},
+     "lookup_trie ranks tree nodes by mixture probabilities"),
+    ({"drafter": {"type": "lookup_trie", "max_matches": -1}}, "drafter.max_matches"),
+])
+def test_config_errors_name_the_key(raw, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config(raw, 16)
