@@ -7,8 +7,8 @@ chunked prefill, repeated prompts served from the prefix cache, and a batch mixi
 trees cannot serve exactly (logprobs, penalties, min_tokens: they decode without drafts) with
 plain ones. Trees of 1, 8, 16 and 64 nodes; prompt-lookup trees (several matches), n-gram
 trie trees (best-first) and lookup-trie trees (both mixed). A tiny KV cache forces preemption
-in a separate pair of engines. The token budget (max_num_batched_tokens) is small enough that the scheduler cuts trees to a
-prefix of their nodes at concurrency 32.
+in a separate pair of engines. The token budget (max_num_batched_tokens) is small enough that
+the scheduler cuts trees to a prefix of their nodes at concurrency 32.
 """
 from __future__ import annotations
 
