@@ -22,8 +22,10 @@ from vllm_treespec.attention.testing import (
     write_slots,
 )
 from vllm_treespec.attention.tree_attention_cpu import (
+    apply_tree_attention,
     decode_anc_mask,
     gather_paged_kv,
+    plan_tree_attention,
     tree_attention,
 )
 from vllm_treespec.tree import DraftTree, TreeBatch
@@ -227,3 +229,18 @@ def test_any_subset_of_rows_equals_the_full_computation(seed):
     part = tree_attention(query[rows], kc, vc, table, torch.tensor(prefixes), offsets,
                           batch.anc_mask[rows], 0.3, layout="vec", tree_sizes=torch.tensor(sizes))
     torch.testing.assert_close(part, full[rows], atol=2e-5, rtol=1e-4)
+
+
+def test_one_plan_serves_every_layer_and_a_stale_plan_is_refused():
+    """The engine plans masks once per step and applies them per layer (different caches)."""
+    sizes, prefixes = [9, 30], [5, 40]
+    batch, table, kv1, query = _case(3, "vec", torch.float32, 16, 32, sizes, prefixes, 4, 2)
+    _, _, kv2, _ = _case(4, "vec", torch.float32, 16, 32, sizes, prefixes, 4, 2)
+    args = (table, torch.tensor(prefixes), batch.offsets, batch.anc_mask)
+    plan = plan_tree_attention(*args, num_rows=batch.num_rows, num_q_heads=4, num_kv_heads=2,
+                               head_size=32, num_blocks=kv1.shape[0], block_size=16)
+    got = [apply_tree_attention(plan, query, *split_kv(kv), 0.3, layout="vec") for kv in (kv1, kv2)]
+    for out, kv in zip(got, (kv1, kv2)):       # each call below makes a fresh plan
+        torch.testing.assert_close(out, tree_attention(query, *split_kv(kv), *args, 0.3, layout="vec"))
+    with pytest.raises(RuntimeError, match="stale"):
+        apply_tree_attention(plan, query, *split_kv(kv1), 0.3, layout="vec")

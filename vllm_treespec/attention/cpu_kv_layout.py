@@ -19,6 +19,7 @@ per-slot element offsets (KV compaction, tests) are derived from that one descri
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -67,8 +68,12 @@ def half_layouts(layout: str) -> tuple[HalfLayout, HalfLayout]:
     return _LAYOUTS[layout]
 
 
+@functools.lru_cache(maxsize=64)
 def _inner_offsets(half: HalfLayout, block_size: int, head_size: int) -> torch.Tensor:
-    """int64 [block_size, D]: element offset of (token offset, dim) inside one half."""
+    """int64 [block_size, D]: element offset of (token offset, dim) inside one half.
+
+    Cached (KV compaction asks every step for the same few geometries); callers must not
+    modify the returned tensor."""
     shape = half.shape(block_size, head_size)
     strides = [1] * len(shape)
     for a in range(len(shape) - 2, -1, -1):

@@ -15,6 +15,8 @@ rounded up to a block), is kept between calls: re-faulting fresh pages cost more
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -25,7 +27,8 @@ from vllm_treespec.attention.cpu_kv_layout import (
     half_layouts,
 )
 
-__all__ = ["gather_paged_kv", "tree_attention", "decode_anc_mask", "release_workspace"]
+__all__ = ["gather_paged_kv", "tree_attention", "plan_tree_attention", "apply_tree_attention",
+           "TreeMaskPlan", "decode_anc_mask", "release_workspace"]
 
 _BITS = torch.arange(64, dtype=torch.int64)
 
@@ -40,6 +43,7 @@ class _Workspace:
 
     def __init__(self) -> None:
         self._bufs: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+        self.generation = 0          # bumped by every plan (its mask lives in "mask")
 
     def get(self, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
         buf = self._bufs.get((name, dtype))
@@ -100,6 +104,112 @@ def _padded_kv(cache: torch.Tensor, ids: torch.Tensor, half: HalfLayout, cd: tor
     return x
 
 
+@dataclass
+class TreeMaskPlan:
+    """What every layer of one verification step shares: the KV blocks to gather, the stale
+    columns to zero, the query-row layout and the additive mask. Built once per step by
+    `plan_tree_attention`, applied per layer by `apply_tree_attention` (the mask lives in the
+    workspace; only the most recent plan may be applied, which `generation` checks)."""
+    ids: torch.Tensor            # int64 [B, nblk] physical blocks
+    stale: torch.Tensor          # flat indices into B * L to zero
+    rows: torch.Tensor           # [B, n_max] flat query row of each padded row
+    keep: torch.Tensor           # flat indices of the real rows among B * n_max
+    mask: torch.Tensor           # [1, B, n_max * G, L] additive mask in the compute dtype
+    shape: tuple[int, ...]       # (T, Hq, Hkv, D, num_blocks, block_size)
+    n_max: int
+    compute_dtype: torch.dtype
+    generation: int
+
+
+def plan_tree_attention(block_table: torch.Tensor, prefix_lens: torch.Tensor, offsets: torch.Tensor,
+                        anc_mask: torch.Tensor, *, num_rows: int, num_q_heads: int, num_kv_heads: int,
+                        head_size: int, num_blocks: int, block_size: int,
+                        compute_dtype: torch.dtype = torch.float32,
+                        tree_sizes: torch.Tensor | None = None) -> TreeMaskPlan:
+    """The per-step part of `tree_attention` (arguments as there; shapes from the caches)."""
+    t, hq, hkv, d, nb, bs = num_rows, num_q_heads, num_kv_heads, head_size, num_blocks, block_size
+    if hq % hkv:
+        raise ValueError(f"{hq} query heads do not fit {hkv} KV heads")
+    cd = compute_dtype
+    offsets = offsets.to(torch.int64)
+    b = offsets.numel() - 1
+    sizes = offsets[1:] - offsets[:-1]
+    prefix = prefix_lens.to(torch.int64)
+    t_sizes = sizes if tree_sizes is None else tree_sizes.to(torch.int64)
+    kv_len = prefix + t_sizes
+    n_max, l_max = int(sizes.max()), int(kv_len.max())
+    t_max = int(t_sizes.max())
+    nblk = -(-l_max // bs)
+    if block_table.shape[1] < nblk:
+        raise ValueError(f"block_table has {block_table.shape[1]} columns, need {nblk}")
+    if anc_mask.shape[0] != t or anc_mask.shape[1] * 64 < t_max:
+        raise ValueError(f"anc_mask {tuple(anc_mask.shape)} does not cover {t} rows of "
+                         f"up to {t_max} nodes")
+    ids = block_table[:, :nblk].to(torch.int64).clamp(0, nb - 1)
+    width = nblk * bs
+    pos = torch.arange(width)
+    stale = (pos[None, :] >= kv_len[:, None]).flatten().nonzero().flatten()   # into B * L
+
+    # Visibility [B, n_max, L]: every prefix column, plus tree column prefix + j when bit j of
+    # the row is set. The tree bits are scattered into a mask t_max columns wider than L so
+    # that padding nodes (j >= tree size) land past L instead of clobbering real columns.
+    local = torch.arange(n_max)
+    row_ok = local[None, :] < sizes[:, None]                          # [B, n_max]
+    rows = (offsets[:-1, None] + local[None, :]).clamp(max=t - 1)       # padded -> flat row
+    node = torch.arange(t_max)
+    node_ok = node[None, :] < t_sizes[:, None]                          # [B, t_max]
+    anc = decode_anc_mask(anc_mask, t_max)[rows] & row_ok[:, :, None] & node_ok[:, None, :]
+    wide = (torch.arange(width + t_max)[None, :] < prefix[:, None])[:, None, :]
+    wide = wide.expand(b, n_max, -1).contiguous()
+    cols = torch.where(node_ok, prefix[:, None] + node[None, :], width + node[None, :])
+    wide.scatter_(2, cols[:, None, :].expand(b, n_max, t_max), anc)
+    wide[:, :, 0] |= ~row_ok         # padding rows see one column (no NaN); dropped below
+
+    # GQA without repeating K/V: the G query heads of a KV head become extra query rows,
+    # ordered (node, head in group), so each node's mask row is written G times in a row.
+    g = hq // hkv
+    mask = _WORKSPACE.get("mask", b * n_max * g * width, cd).view(b, n_max, g, width)
+    torch.where(wide[:, :, None, :width].expand(b, n_max, g, width), torch.zeros((), dtype=cd),
+                torch.full((), float("-inf"), dtype=cd), out=mask)
+    _WORKSPACE.generation += 1
+    return TreeMaskPlan(ids=ids, stale=stale, rows=rows, keep=row_ok.flatten().nonzero().flatten(),
+                        mask=mask.view(1, b, n_max * g, width), shape=(t, hq, hkv, d, nb, bs),
+                        n_max=n_max, compute_dtype=cd, generation=_WORKSPACE.generation)
+
+
+def apply_tree_attention(plan: TreeMaskPlan, query: torch.Tensor, key_cache: torch.Tensor,
+                         value_cache: torch.Tensor, scale: float, *, layout: str,
+                         logits_soft_cap: float | None = None) -> torch.Tensor:
+    """The per-layer part of `tree_attention`: gather this layer's K/V, one masked attention."""
+    if plan.generation != _WORKSPACE.generation:
+        raise RuntimeError("tree attention plan is stale: a newer plan reused its mask buffer")
+    t, hq, d = query.shape
+    nb, hkv, bs, dk = key_cache.shape
+    if (t, hq, hkv, d, nb, bs) != plan.shape or dk != d:
+        raise ValueError(f"query {tuple(query.shape)} / cache {tuple(key_cache.shape)} do not match "
+                         f"the plan (T, Hq, Hkv, D, blocks, block_size) = {plan.shape}")
+    check_layout(layout, key_cache.dtype, bs, dk)
+    cd = plan.compute_dtype
+    b, n_max, g = plan.rows.shape[0], plan.n_max, hq // hkv
+    # K/V head-major [Hkv, B, L, D]; SDPA takes (Hkv, B) as its two batch axes.
+    k_half, v_half = half_layouts(layout)
+    k = _padded_kv(key_cache, plan.ids, k_half, cd, "k", plan.stale)
+    v = _padded_kv(value_cache, plan.ids, v_half, cd, "v", plan.stale)
+    q = _WORKSPACE.get("q", hkv * b * n_max * g * d, cd).view(hkv, b, n_max, g, d)
+    torch.ops.aten.index.Tensor_out(query.to(cd).view(t, hkv, g, d).transpose(0, 1),
+                                    [None, plan.rows], out=q)
+    q = q.view(hkv, b, n_max * g, d)
+    if logits_soft_cap:
+        s = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)
+        s = torch.tanh(s.div_(logits_soft_cap)).mul_(logits_soft_cap)
+        o = torch.matmul(torch.softmax(s.add_(plan.mask), dim=-1), v)
+    else:
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=plan.mask, scale=scale)
+    out = torch.empty(t, hkv, g, d, dtype=cd)
+    torch.ops.aten.index.Tensor_out(o.view(hkv, b * n_max, g, d).transpose(0, 1), [plan.keep], out=out)
+    return out.view(t, hq, d).to(query.dtype)
+
+
 def tree_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                    block_table: torch.Tensor, prefix_lens: torch.Tensor, offsets: torch.Tensor,
                    anc_mask: torch.Tensor, scale: float, *, layout: str,
@@ -129,63 +239,8 @@ def tree_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: to
     if t == 0:
         return query.new_empty(0, hq, d)
     cd = compute_dtype or (torch.float64 if query.dtype == torch.float64 else torch.float32)
-    offsets = offsets.to(torch.int64)
-    b = offsets.numel() - 1
-    sizes = offsets[1:] - offsets[:-1]
-    prefix = prefix_lens.to(torch.int64)
-    t_sizes = sizes if tree_sizes is None else tree_sizes.to(torch.int64)
-    kv_len = prefix + t_sizes
-    n_max, l_max = int(sizes.max()), int(kv_len.max())
-    t_max = int(t_sizes.max())
-    nblk = -(-l_max // bs)
-    if block_table.shape[1] < nblk:
-        raise ValueError(f"block_table has {block_table.shape[1]} columns, need {nblk}")
-    if anc_mask.shape[0] != t or anc_mask.shape[1] * 64 < t_max:
-        raise ValueError(f"anc_mask {tuple(anc_mask.shape)} does not cover {t} rows of "
-                         f"up to {t_max} nodes")
-
-    # K/V head-major [Hkv, B, L, D]; SDPA takes (Hkv, B) as its two batch axes.
-    ids = block_table[:, :nblk].to(torch.int64).clamp(0, nb - 1)
-    width = nblk * bs
-    pos = torch.arange(width)
-    stale = (pos[None, :] >= kv_len[:, None]).flatten().nonzero().flatten()   # into B * L
-    k_half, v_half = half_layouts(layout)
-    k = _padded_kv(key_cache, ids, k_half, cd, "k", stale)
-    v = _padded_kv(value_cache, ids, v_half, cd, "v", stale)
-
-    # Visibility [B, n_max, L]: every prefix column, plus tree column prefix + j when bit j of
-    # the row is set. The tree bits are scattered into a mask t_max columns wider than L so
-    # that padding nodes (j >= tree size) land past L instead of clobbering real columns.
-    local = torch.arange(n_max)
-    row_ok = local[None, :] < sizes[:, None]                          # [B, n_max]
-    rows = (offsets[:-1, None] + local[None, :]).clamp(max=t - 1)       # padded -> flat row
-    node = torch.arange(t_max)
-    node_ok = node[None, :] < t_sizes[:, None]                          # [B, t_max]
-    anc = decode_anc_mask(anc_mask, t_max)[rows] & row_ok[:, :, None] & node_ok[:, None, :]
-    wide = (torch.arange(width + t_max)[None, :] < prefix[:, None])[:, None, :]
-    wide = wide.expand(b, n_max, -1).contiguous()
-    cols = torch.where(node_ok, prefix[:, None] + node[None, :], width + node[None, :])
-    wide.scatter_(2, cols[:, None, :].expand(b, n_max, t_max), anc)
-    wide[:, :, 0] |= ~row_ok         # padding rows see one column (no NaN); dropped below
-
-    # GQA without repeating K/V: the G query heads of a KV head become extra query rows,
-    # ordered (node, head in group), so each node's mask row is written G times in a row.
-    g = hq // hkv
-    q = _WORKSPACE.get("q", hkv * b * n_max * g * d, cd).view(hkv, b, n_max, g, d)
-    torch.ops.aten.index.Tensor_out(query.to(cd).view(t, hkv, g, d).transpose(0, 1),
-                                    [None, rows], out=q)
-    q = q.view(hkv, b, n_max * g, d)
-    mask = _WORKSPACE.get("mask", b * n_max * g * width, cd).view(b, n_max, g, width)
-    torch.where(wide[:, :, None, :width].expand(b, n_max, g, width), torch.zeros((), dtype=cd),
-                torch.full((), float("-inf"), dtype=cd), out=mask)
-    mask = mask.view(1, b, n_max * g, width)
-    if logits_soft_cap:
-        s = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)
-        s = torch.tanh(s.div_(logits_soft_cap)).mul_(logits_soft_cap)
-        o = torch.matmul(torch.softmax(s.add_(mask), dim=-1), v)
-    else:
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    out = torch.empty(t, hkv, g, d, dtype=cd)
-    torch.ops.aten.index.Tensor_out(o.view(hkv, b * n_max, g, d).transpose(0, 1),
-                                    [row_ok.flatten().nonzero().flatten()], out=out)
-    return out.view(t, hq, d).to(query.dtype)
+    plan = plan_tree_attention(block_table, prefix_lens, offsets, anc_mask, num_rows=t,
+                               num_q_heads=hq, num_kv_heads=hkv, head_size=d, num_blocks=nb,
+                               block_size=bs, compute_dtype=cd, tree_sizes=tree_sizes)
+    return apply_tree_attention(plan, query, key_cache, value_cache, scale, layout=layout,
+                                logits_soft_cap=logits_soft_cap)

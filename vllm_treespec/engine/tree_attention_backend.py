@@ -19,7 +19,7 @@ import torch
 from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
-from vllm_treespec.attention.tree_attention_cpu import tree_attention
+from vllm_treespec.attention.tree_attention_cpu import apply_tree_attention, plan_tree_attention
 from vllm_treespec.engine.tree_step import current_step
 
 CLASS_PATH = "vllm_treespec.engine.tree_attention_backend.TreeCPUAttentionBackend"
@@ -63,11 +63,18 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
         nb, hkv, bs, _ = kv_cache.shape
         key_cache, value_cache = kv_cache.view(nb, hkv, 2 * bs, -1).chunk(2, dim=2)
         rows = plan.rows
-        out = tree_attention(
-            query.view(query.shape[0], self.num_heads, self.head_size)[rows], key_cache,
-            value_cache, attn_metadata.block_table[plan.req_indices], plan.prefix_lens,
-            plan.offsets, plan.anc_mask, self.scale, layout=layer.isa,
-            logits_soft_cap=self.logits_soft_cap or None, tree_sizes=plan.tree_sizes)
+        # The mask, blocks and row layout are the same in every layer of the step: plan once.
+        geometry = (nb, hkv, bs, self.num_heads, self.head_size)
+        masks = plan.kernel_plans.get(geometry)
+        if masks is None:
+            masks = plan.kernel_plans[geometry] = plan_tree_attention(
+                attn_metadata.block_table[plan.req_indices], plan.prefix_lens, plan.offsets,
+                plan.anc_mask, num_rows=int(rows.numel()), num_q_heads=self.num_heads,
+                num_kv_heads=hkv, head_size=self.head_size, num_blocks=nb, block_size=bs,
+                tree_sizes=plan.tree_sizes)
+        out = apply_tree_attention(
+            masks, query.view(query.shape[0], self.num_heads, self.head_size)[rows], key_cache,
+            value_cache, self.scale, layout=layer.isa, logits_soft_cap=self.logits_soft_cap or None)
         output.view(output.shape[0], self.num_heads, -1)[rows] = out.to(output.dtype)
         return output
 

@@ -18,7 +18,7 @@ scheduled decodes with -1 "drafts" for uniform batches) are left to vLLM's rejec
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -85,6 +85,9 @@ class AttentionPlan:
     prefix_lens: torch.Tensor   # int64 [Ra]  num_computed (KV before the root)
     tree_sizes: torch.Tensor    # int64 [Ra]  nodes of each tree (KV after the prefix)
     anc_mask: torch.Tensor      # int64 [Ta, W] local ancestor-or-self bitmask words
+    # per-step kernel state shared by all layers (the CPU path's mask plan), keyed by the
+    # layer geometry; filled by the attention backend on the step's first tree layer
+    kernel_plans: dict = field(default_factory=dict)
 
 
 @dataclass
