@@ -235,7 +235,7 @@ def test_one_plan_serves_every_layer_and_a_stale_plan_is_refused():
     """The engine plans masks once per step and applies them per layer (different caches)."""
     sizes, prefixes = [9, 30], [5, 40]
     batch, table, kv1, query = _case(3, "vec", torch.float32, 16, 32, sizes, prefixes, 4, 2)
-    _, _, kv2, _ = _case(4, "vec", torch.float32, 16, 32, sizes, prefixes, 4, 2)
+    kv2 = kv1 * 0.5 + 1.0                       # another layer: same slots, other values
     args = (table, torch.tensor(prefixes), batch.offsets, batch.anc_mask)
     plan = plan_tree_attention(*args, num_rows=batch.num_rows, num_q_heads=4, num_kv_heads=2,
                                head_size=32, num_blocks=kv1.shape[0], block_size=16)
