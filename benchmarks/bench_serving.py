@@ -101,7 +101,9 @@ def columns() -> list:
             ("tok/step", "tokens_per_step", fmt_float(2)),
             ("lat mean ms", "latency_mean_s", fmt_ms), ("p50 ms", "latency_p50_s", fmt_ms),
             ("p90 ms", "latency_p90_s", fmt_ms), ("nodes", "mean_tree_nodes", fmt_float(1)),
-            ("draft ms", "draft_ms_per_step", fmt_float(3)), ("verify ms", "verify_ms_per_step", fmt_float(3)),
+            ("step ms", "worker_step_ms", fmt_float(2)), ("draft ms", "draft_ms_per_step", fmt_float(3)),
+            ("attn ms", "tree_attention_ms_per_step", fmt_float(3)),
+            ("accept ms", "accept_ms_per_step", fmt_float(3)), ("compact ms", "compaction_ms_per_step", fmt_float(3)),
             ("exact", "exact_match", fmt_match),
             ("vs off", "speedup_vs_off", fmt_ratio), ("vs ngram", "speedup_vs_ref", fmt_ratio)]
 

@@ -157,6 +157,10 @@ def summarize(measurements: Sequence[Measurement], baseline: str,
             "speedup_vs_ref": ratio(m.load.tokens_per_s, ref.load.tokens_per_s) if ref else None,
             "draft_ms_per_step": m.spec.tree_ms_per_step("treespec_draft_seconds"),
             "verify_ms_per_step": m.spec.tree_ms_per_step("treespec_verify_seconds"),
+            "accept_ms_per_step": m.spec.tree_ms_per_step("treespec_accept_seconds"),
+            "compaction_ms_per_step": m.spec.tree_ms_per_step("treespec_compaction_seconds"),
+            "tree_attention_ms_per_step": m.spec.tree_ms_per_step("treespec_tree_attention_seconds"),
+            "worker_step_ms": m.spec.tree_ms_per_step("treespec_worker_step_seconds"),
             "mean_tree_nodes": (m.spec.tree["treespec_tree_nodes_sum"] / m.spec.tree["treespec_tree_nodes_count"]
                                 if m.spec.tree.get("treespec_tree_nodes_count") else None),
         })

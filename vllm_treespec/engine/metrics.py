@@ -42,6 +42,17 @@ class TreeMetrics:
         self.verify_seconds = Histogram("treespec_verify_seconds",
                                         "Tree acceptance + KV compaction time per step.",
                                         buckets=_SECONDS_BUCKETS)
+        self.accept_seconds = Histogram("treespec_accept_seconds", "Tree acceptance time per step.",
+                                        buckets=_SECONDS_BUCKETS)
+        self.compaction_seconds = Histogram("treespec_compaction_seconds",
+                                            "KV compaction time per step (all layers).",
+                                            buckets=_SECONDS_BUCKETS)
+        self.attention_seconds = Histogram("treespec_tree_attention_seconds",
+                                           "Tree-masked attention time per step (all layers, on top of "
+                                           "the stock kernel).", buckets=_SECONDS_BUCKETS)
+        self.step_seconds = Histogram("treespec_worker_step_seconds",
+                                      "Worker time per step: input preparation, forward, sampling "
+                                      "and drafting.", buckets=_SECONDS_BUCKETS)
         self.kv_moves = Counter("treespec_kv_moves", "KV slots moved to compact accepted paths.")
         self.fallbacks = Counter("treespec_fallback_steps", "Decoding steps without drafts because a "
                                  "request option cannot be verified on a tree.", ["reason"])
@@ -51,13 +62,20 @@ class TreeMetrics:
         for b in budgets.tolist():
             self.budget.observe(b)
 
-    def observe_verify(self, seconds: float, nodes: Sequence[int], accepted: Sequence[int], moves: int) -> None:
+    def observe_verify(self, seconds: float, nodes: Sequence[int], accepted: Sequence[int], moves: int,
+                       parts: tuple[float, float, float]) -> None:
         self.verify_seconds.observe(seconds)
+        self.accept_seconds.observe(parts[0])
+        self.compaction_seconds.observe(parts[1])
+        self.attention_seconds.observe(parts[2])
         for n, a in zip(nodes, accepted):
             self.nodes.observe(n)
             self.depth.observe(a)
         if moves:
             self.kv_moves.inc(moves)
+
+    def observe_step(self, seconds: float) -> None:
+        self.step_seconds.observe(seconds)
 
     def observe_fallback(self, reason: str) -> None:
         self.fallbacks.labels(reason=reason).inc()

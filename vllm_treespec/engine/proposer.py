@@ -64,6 +64,7 @@ class TreeProposer:
         self.trees: dict[str, DraftTree] = {}
         self.stats = TreeStats(self.num_speculative_tokens, metrics=make_metrics())
         self._last_verified: tuple[TreeStep | None, np.ndarray] = (None, np.zeros((0, 1), dtype=np.int64))
+        self.step_started_at: float | None = None   # set by the _prepare_inputs patch
         logger.info("TreeProposer: drafter=%s builder=%s budget=%d config=%s", self.drafter.name,
                     self.config.tree.builder, self.node_budget, self.config.source)
 
@@ -130,8 +131,12 @@ class TreeProposer:
         target = None
         if getattr(self.drafter, "uses_target_states", False) and hidden_states is not None:
             target = TargetStates(hidden_states, aux_hidden_states, self._committed_rows(len(req_ids)))
-        return self._propose(runner, req_ids, sampled_token_ids, batch.num_tokens_no_spec,
-                             batch.token_ids_cpu, min(self.node_budget, scheduled), target)
+        drafts = self._propose(runner, req_ids, sampled_token_ids, batch.num_tokens_no_spec,
+                               batch.token_ids_cpu, min(self.node_budget, scheduled), target)
+        if self.step_started_at is not None:
+            self.stats.observe_step(time.perf_counter() - self.step_started_at)
+            self.step_started_at = None
+        return drafts
 
     def _committed_rows(self, num_reqs: int) -> list[np.ndarray]:
         """Flat step rows of each request's committed tokens (see drafters.base.TargetStates)."""
@@ -225,19 +230,23 @@ class TreeProposer:
             params[j], gens[j] = GREEDY, None
         tokens, result = verify_step(step, logits, params, gens, include, base,
                                      coin_rows=self.num_speculative_tokens + 1)
+        accepted_at = time.perf_counter()
         pos = step.req_indices if include is None else np.searchsorted(include, step.req_indices)
         accepted_nodes = result.accepted_nodes[torch.from_numpy(pos)]
         accepted_len = (accepted_nodes >= 0).sum(dim=1).numpy()
         self._last_verified = (step, accepted_nodes.numpy())
         moved = 0
+        compact_start = time.perf_counter()
         if bool((accepted_len > 0).any()):
             caches, layout = kv_caches_and_layout(runner)
             moved = compact(step, accepted_nodes, caches, layout)
+        compacted = time.perf_counter() - compact_start
         sizes = (step.trees.offsets[1:] - step.trees.offsets[:-1]).numpy() - 1
         for req_id, a in zip(step.req_ids, accepted_len.tolist()):
             st = self.requests.get(req_id)
             if st is not None:
                 st.accepted += a
         if step.num_trees:
-            self.stats.observe_verify(time.perf_counter() - start, sizes, accepted_len, moved, own)
+            parts = (accepted_at - start, compacted, step.attn.seconds if step.attn is not None else 0.0)
+            self.stats.observe_verify(time.perf_counter() - start, sizes, accepted_len, moved, own, parts)
         return SamplerOutput(sampled_token_ids=tokens, logprobs_tensors=logprobs)

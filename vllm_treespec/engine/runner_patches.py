@@ -14,6 +14,8 @@ All fall through to vLLM's code unchanged when the runner's drafter is not a Tre
 """
 from __future__ import annotations
 
+import time
+
 from typing import Any, Callable
 
 from vllm_treespec.engine.patch_registry import Patch, PatchRegistry
@@ -61,10 +63,12 @@ def _wrap_prepare_inputs(original: Callable[..., Any]) -> Callable[..., Any]:
         from vllm_treespec.engine.tree_step import set_current_step
 
         set_current_step(None)
+        started = time.perf_counter()
         result = original(self, scheduler_output, num_scheduled_tokens)
         proposer = _tree_proposer(self)
         if proposer is None:
             return result
+        proposer.step_started_at = started
         num_reqs = self.input_batch.num_reqs
         step = proposer.plan_step(
             list(self.input_batch.req_ids)[:num_reqs], num_scheduled_tokens,

@@ -12,6 +12,7 @@ rows are masked inside the kernel instead of recomputed.
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -60,6 +61,7 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
                 f"the attention batch has {attn_metadata.num_actual_tokens}; refusing to mask "
                 "the wrong rows")
         plan = step.attn
+        start = time.perf_counter()
         nb, hkv, bs, _ = kv_cache.shape
         key_cache, value_cache = kv_cache.view(nb, hkv, 2 * bs, -1).chunk(2, dim=2)
         rows = plan.rows
@@ -76,6 +78,7 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
             masks, query.view(query.shape[0], self.num_heads, self.head_size)[rows], key_cache,
             value_cache, self.scale, layout=layer.isa, logits_soft_cap=self.logits_soft_cap or None)
         output.view(output.shape[0], self.num_heads, -1)[rows] = out.to(output.dtype)
+        plan.seconds += time.perf_counter() - start
         return output
 
 

@@ -27,6 +27,11 @@ class TreeStats:
     nodes: int = 0
     verify_steps: int = 0
     verify_seconds: float = 0.0
+    accept_seconds: float = 0.0
+    compaction_seconds: float = 0.0
+    attention_seconds: float = 0.0
+    steps: int = 0
+    step_seconds: float = 0.0
     verified_trees: int = 0
     verified_nodes: int = 0
     accepted: int = 0
@@ -53,11 +58,15 @@ class TreeStats:
                 self.nodes += t.num_draft
 
     def observe_verify(self, seconds: float, nodes: np.ndarray, accepted: np.ndarray,
-                       moves: int, own: bool) -> None:
+                       moves: int, own: bool, parts: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> None:
+        """parts = (acceptance, KV compaction, tree attention) seconds of this step."""
         if self.metrics is not None:
-            self.metrics.observe_verify(seconds, nodes.tolist(), accepted.tolist(), moves)
+            self.metrics.observe_verify(seconds, nodes.tolist(), accepted.tolist(), moves, parts)
         self.verify_steps += 1
         self.verify_seconds += seconds
+        self.accept_seconds += parts[0]
+        self.compaction_seconds += parts[1]
+        self.attention_seconds += parts[2]
         self.verified_trees += int(nodes.size)
         self.verified_nodes += int(nodes.sum())
         self.accepted += int(accepted.sum())
@@ -65,6 +74,13 @@ class TreeStats:
         self.own_steps += int(own)
         np.add.at(self.nodes_hist, np.minimum(nodes, self.max_depth), 1)
         np.add.at(self.depth_hist, np.minimum(accepted, self.max_depth), 1)
+
+    def observe_step(self, seconds: float) -> None:
+        """One worker step (prepare inputs -> drafts for the next step)."""
+        if self.metrics is not None:
+            self.metrics.observe_step(seconds)
+        self.steps += 1
+        self.step_seconds += seconds
 
     def observe_fallback(self, reason: str) -> None:
         if self.metrics is not None:
@@ -76,6 +92,10 @@ class TreeStats:
             "mean_budget": self.budget_sum / max(self.budget_count, 1),
             "verify_steps": self.verify_steps,
             "verify_ms_per_step": 1e3 * self.verify_seconds / max(self.verify_steps, 1),
+            "accept_ms_per_step": 1e3 * self.accept_seconds / max(self.verify_steps, 1),
+            "compaction_ms_per_step": 1e3 * self.compaction_seconds / max(self.verify_steps, 1),
+            "attention_ms_per_step": 1e3 * self.attention_seconds / max(self.verify_steps, 1),
+            "worker_step_ms": 1e3 * self.step_seconds / max(self.steps, 1),
             "verified_trees": self.verified_trees, "verified_nodes": self.verified_nodes,
             "accepted": self.accepted, "kv_moves": self.kv_moves, "own_steps": self.own_steps,
             "mean_accepted": self.accepted / max(self.verified_trees, 1),

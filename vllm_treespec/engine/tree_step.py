@@ -88,6 +88,7 @@ class AttentionPlan:
     # per-step kernel state shared by all layers (the CPU path's mask plan), keyed by the
     # layer geometry; filled by the attention backend on the step's first tree layer
     kernel_plans: dict = field(default_factory=dict)
+    seconds: float = 0.0        # tree attention time of the step so far (all layers)
 
 
 @dataclass
