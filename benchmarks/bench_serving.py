@@ -10,11 +10,12 @@ rows) under benchmarks/results/. Exit code 1 when any greedy output differs from
     .venv/bin/python benchmarks/bench_serving.py --fixture tiny --num-prompts 4 --max-tokens 32
     .venv/bin/python benchmarks/bench_serving.py --trees --budgets 8 16 32 64 --ngram-k 4 8
 
-With --trees, every budget B adds: treespec chain (prompt lookup, K=B), prompt-lookup trees,
-n-gram trie trees (best-first) and n-gram trie trees (beam, DART scorer), each with K=B; vLLM's
-ngram runs at every --ngram-k and the fastest at the lowest concurrency is the reference.
-Tree rows also report the worker's step-time breakdown from the treespec_* series (drafter +
-builder ms and acceptance + KV compaction ms per step).
+With --trees, every budget B adds (K=B each; --tree-configs picks a subset): chains and trees of
+prompt lookup, lookup-trie (prompt lookup mixed with the n-gram trie) and the n-gram trie
+(best-first, and beam with the DART scorer); vLLM's ngram runs at every --ngram-k and the
+fastest at the lowest concurrency is the reference. Treespec rows also report the worker's
+step-time breakdown from the treespec_* series: worker step, drafter + builder, tree attention
+(on top of the stock kernel), acceptance and KV compaction, in ms per step.
 """
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="prompt sampling seed")
     p.add_argument("--trees", action="store_true", help="add the tree configs at each --budgets value")
     p.add_argument("--budgets", type=int, nargs="+", default=[8, 16, 32, 64])
+    p.add_argument("--tree-configs", nargs="+", default=None, choices=list(TREE_FAMILIES),
+                   help="with --trees: only these chain / tree configs (default: all)")
     p.add_argument("--lookup-continue-prob", type=float, nargs="*", default=[],
                    help="with --trees: also prompt-lookup trees with these continue_prob values")
     p.add_argument("--ngram-k", type=int, nargs="+", default=None,
@@ -69,16 +72,28 @@ def resolve_model(ns: argparse.Namespace) -> tuple[str, Path, dict]:
     return label, model_dir, meta
 
 
-def tree_configs(budgets: list[int], continue_probs: list[float] = ()) -> list:
+TREE_FAMILIES = {   # --tree-configs name -> (preset or inline config, label)
+    "prompt-lookup": ("prompt-lookup", None),
+    "prompt-lookup-tree": ("prompt-lookup-tree", None),
+    "lookup-trie": ("lookup-trie", None),
+    "lookup-trie-tree": ("lookup-trie-tree", None),
+    "ngram-trie": ("ngram-trie", None),
+    "ngram-trie-tree": ("ngram-trie-tree", None),
+    "ngram-trie-beam-dart": ({"drafter": {"type": "ngram_trie"},
+                              "tree": {"builder": "beam", "topk": 4, "width": 4, "max_depth": 8,
+                                       "scorer": "dart"}}, "ngram-trie-beam-dart"),
+}
+
+
+def tree_configs(budgets: list[int], continue_probs: list[float] = (),
+                 families: list[str] | None = None) -> list:
     """Chain vs trees of each drafter at each node budget (K = budget)."""
     from vllm_treespec.comparison import treespec
 
-    beam = {"drafter": {"type": "ngram_trie"},
-            "tree": {"builder": "beam", "topk": 4, "width": 4, "max_depth": 8, "scorer": "dart"}}
     out = []
     for b in budgets:
-        out += [treespec(b, "prompt-lookup"), treespec(b, "prompt-lookup-tree"),
-                treespec(b, "ngram-trie-tree"), treespec(b, beam, label="ngram-trie-beam-dart")]
+        out += [treespec(b, TREE_FAMILIES[f][0], label=TREE_FAMILIES[f][1])
+                for f in (families or TREE_FAMILIES)]
         out += [treespec(b, {"drafter": {"type": "prompt_lookup", "max_matches": 8, "continue_prob": p},
                              "tree": {"builder": "best_first"}}, label=f"prompt-lookup-tree-cp{p}")
                 for p in continue_probs]
@@ -125,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     ngram_ks = ns.ngram_k or [k]
     configs = [no_spec(), *[vllm_ngram(nk) for nk in ngram_ks], treespec(k)]
     if ns.trees:
-        configs += [c for c in tree_configs(ns.budgets, ns.lookup_continue_prob)
+        configs += [c for c in tree_configs(ns.budgets, ns.lookup_continue_prob, ns.tree_configs)
                     if c.name not in {x.name for x in configs}]
     started = dt.datetime.now(dt.timezone.utc)
     measurements = run_comparison(str(model_dir), configs, prompts, max_tokens=ns.max_tokens,
