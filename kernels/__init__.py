@@ -1,5 +1,14 @@
 """Triton kernels for GPU verification, installed as `vllm_treespec.kernels`.
 
 Each kernel has a thin Python wrapper and a torch reference implementation used by the tests
-(run on CPU with TRITON_INTERPRET=1). Importing this package must not require a GPU.
+(run on CPU with TRITON_INTERPRET=1). Importing this package must not require a GPU, and it
+imports no kernel module (nor Triton) by itself:
+
+- ``tree_attention``: paged tree attention for verification rows (split-KV prefix, bitmask tree
+  part, LSE merge) over vLLM's FlashAttention KV layout;
+- ``kv_compaction``: accepted nodes' K/V to their chain slots, all layers in one launch;
+- ``tree_accept``: greedy tree acceptance, one program per request;
+- ``reference``: the torch references; ``testing``: test-case builders (neither imports Triton).
+
+Design notes and (unmeasured) H100 predictions: kernels/NOTES.md.
 """

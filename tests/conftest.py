@@ -1,9 +1,19 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Callable
 
 import pytest
+import torch
+
+# Triton kernel tests (tests/test_kernels_*.py) run in Triton's CPU interpreter when there is no
+# GPU. triton 3.9 reads TRITON_INTERPRET when each @triton.jit function is decorated, including
+# its own library kernels at `import triton` (which vLLM's import triggers), so it must be set
+# before any test module is imported. vLLM's CPU build disables Triton either way; nothing else
+# in the suite runs Triton kernels.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")
