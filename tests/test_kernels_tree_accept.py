@@ -1,0 +1,103 @@
+"""Triton greedy tree acceptance is exactly verify.accept(mode="greedy") (CPU: interpreter).
+
+Logits are biased so that the target's argmax usually is one of the current node's children:
+paths then run deep (down to whole 256-node chains), not just root + bonus.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vllm_treespec.kernels.testing import poison_, triton_mode_problem
+from vllm_treespec.verify.accept import accept
+from vllm_treespec.verify.sampling_params import greedy_tokens
+from vllm_treespec.verify.testing import random_tree_batch
+
+if (_why := triton_mode_problem()) is not None:
+    pytest.skip(_why, allow_module_level=True)
+
+from vllm_treespec.kernels.tree_accept import greedy_tree_accept  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _biased_logits(rng: np.random.Generator, tree: dict, vocab: int, follow: float
+                   ) -> torch.Tensor:
+    """Random logits where, with probability ``follow``, a node's argmax is a child's token."""
+    tokens, parents, offsets = (tree[k].tolist() for k in ("tokens", "parents", "offsets"))
+    logits = torch.from_numpy(rng.standard_normal((len(tokens), vocab)).astype(np.float32))
+    for b in range(len(offsets) - 1):
+        lo, hi = offsets[b], offsets[b + 1]
+        kids: dict[int, list[int]] = {}
+        for i in range(lo + 1, hi):
+            kids.setdefault(lo + parents[i], []).append(tokens[i])
+        for row, toks in kids.items():
+            if rng.random() < follow:
+                logits[row, toks[int(rng.integers(len(toks)))]] += 10.0
+    return logits
+
+
+def _tree(rng, sizes, vocab, max_children):
+    return random_tree_batch(rng, sizes, vocab, max_children=max_children)
+
+
+@pytest.mark.parametrize("seed,sizes,vocab,max_children", [
+    (0, [1, 2, 5, 17, 64, 3], 16, 4),          # root-only and small trees, wide fan-out
+    (1, [256, 100, 1, 31], 32, 2),             # 256 nodes: BLOCK_N 256
+    (2, [256, 256], 8, 1),                     # chains: paths of up to 255 drafts
+    (3, list(range(1, 40)), 6, 3),             # many requests
+])
+def test_matches_torch_greedy_rule(seed, sizes, vocab, max_children):
+    rng = np.random.default_rng(seed)
+    for follow in (0.3, 0.95):
+        tree = _tree(rng, sizes, vocab, max_children)
+        logits = _biased_logits(rng, tree, vocab, follow)
+        want = accept(tree, logits, mode="greedy")
+        width = want.emitted.shape[1]
+        dev = {k: v.to(DEVICE) for k, v in tree.items()}
+        got = greedy_tree_accept(dev["offsets"], dev["tokens"], dev["parents"],
+                                 greedy_tokens(logits).to(DEVICE), width)
+        assert torch.equal(got[0].cpu(), want.emitted)
+        assert torch.equal(got[1].cpu(), want.accepted_nodes)
+        assert torch.equal(got[2].cpu(), want.num_emitted)
+        if follow > 0.9:
+            assert int(want.num_emitted.max()) >= 3        # paths past the first level
+
+
+def test_int32_inputs_and_width_cut():
+    """int32 arrays work; a narrower width keeps the first `width` tokens of the walk, like
+    csrc/verify/greedy_walk.cpp."""
+    rng = np.random.default_rng(4)
+    tree = _tree(rng, [40, 12, 1], 4, 2)
+    logits = _biased_logits(rng, tree, 4, 1.0)
+    full = accept(tree, logits, mode="greedy")
+    i32 = {k: v.to(torch.int32).to(DEVICE) for k, v in tree.items()}
+    target = greedy_tokens(logits).to(torch.int32).to(DEVICE)
+    for width in (1, 2, 3):
+        em, nodes, count = (x.cpu() for x in greedy_tree_accept(
+            i32["offsets"], i32["tokens"], i32["parents"], target, width, max_nodes=40))
+        assert torch.equal(count, full.num_emitted.clamp(max=width))
+        keep = torch.arange(width)[None, :] < count[:, None]
+        assert torch.equal(em, torch.where(keep, full.emitted[:, :width], -1))
+        keep_nodes = torch.arange(width)[None, :] < (count - 1)[:, None]
+        assert torch.equal(nodes, torch.where(keep_nodes, full.accepted_nodes[:, :width], -1))
+
+
+def test_outputs_fully_written():
+    """Every output entry is written (buffers come from torch.empty; poison them to check)."""
+    rng = np.random.default_rng(5)
+    tree = _tree(rng, [9, 1, 20], 5, 3)
+    target = greedy_tokens(_biased_logits(rng, tree, 5, 0.9))
+    import vllm_treespec.kernels.tree_accept as mod
+
+    real_empty = torch.empty
+    try:
+        mod.torch.empty = lambda *a, **k: poison_(real_empty(*a, **k))  # type: ignore[assignment]
+        em, nodes, count = greedy_tree_accept(tree["offsets"].to(DEVICE),
+                                              tree["tokens"].to(DEVICE),
+                                              tree["parents"].to(DEVICE), target.to(DEVICE), 6)
+    finally:
+        mod.torch.empty = real_empty  # type: ignore[assignment]
+    assert not (em == -7).any() and not (nodes == -7).any() and not (count == -7).any()
+    assert (nodes[:, -1] == -1).all() and (count >= 1).all()
