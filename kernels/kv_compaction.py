@@ -7,8 +7,8 @@ are skipped. ``accepted_slot_pairs`` builds them on the device from the step's s
 
 Layers: a ``KVLayers`` table of data pointers (built once; vLLM never moves its caches), one per
 K or V tensor of every layer, all ``[num_blocks, block_size, Hkv, D]`` with the same strides and
-dtype. The copy is dtype-blind: elements are moved as 4-, 2- or 1-byte words, whichever divides
-the rows, so fp8 caches work as well.
+dtype. The copy is dtype-blind: elements are moved as 8-, 4-, 2- or 1-byte words, whichever
+divides the rows, strides and base addresses, so fp8 caches work as well.
 
 Aliasing: move j may overwrite the source of an earlier move m < j of the same request
 (i_m == j), never a source of a later one (i_k >= k > j). A program owns one request, one
@@ -29,7 +29,7 @@ import triton.language as tl
 
 __all__ = ["KVLayers", "accepted_slot_pairs", "compact_kv"]
 
-_WORD = {4: tl.int32, 2: tl.int16, 1: tl.int8}
+_WORD = {8: tl.int64, 4: tl.int32, 2: tl.int16, 1: tl.int8}
 
 
 @triton.jit
@@ -57,14 +57,14 @@ def _compact_kernel(ptrs, src, dst, width, stride_move, stride_blk, stride_tok, 
 
 @dataclass(frozen=True)
 class KVLayers:
-    """Device table of cache base pointers plus the geometry shared by every tensor in it."""
-    ptrs: torch.Tensor          # int64 [num_tensors] on the caches' device
+    """Device table of cache base pointers plus the geometry (bytes) shared by its tensors."""
+    ptrs: torch.Tensor                  # int64 [num_tensors] on the caches' device
     block_size: int
     num_heads: int
-    word_bytes: int             # copy unit
-    row_words: int              # words per (slot, head): D * itemsize / word_bytes
-    strides: tuple[int, int, int]   # block, token, head strides in words
-    tensors: tuple[torch.Tensor, ...]   # kept alive while the table is used
+    row_bytes: int                      # head_dim * element size, contiguous
+    strides: tuple[int, int, int]       # block, token, head strides in bytes
+    base_align: int                     # largest power of two dividing every base address
+    tensors: tuple[torch.Tensor, ...]   # kept alive while the table is in use
 
     @classmethod
     def from_caches(cls, caches: Sequence[torch.Tensor]) -> "KVLayers":
@@ -85,14 +85,25 @@ class KVLayers:
                     or v.device != ref.device):
                 raise ValueError("all caches must share shape, strides, dtype and device")
         item = ref.element_size()
-        row_bytes = ref.shape[3] * item
-        strides_b = [s * item for s in ref.stride()[:3]]
-        word = next(w for w in (4, 2, 1)
-                    if row_bytes % w == 0 and all(s % w == 0 for s in strides_b)
-                    and all(v.data_ptr() % w == 0 for v in views))
+        align = 256
+        for v in views:
+            while v.data_ptr() % align:
+                align //= 2
         ptrs = torch.tensor([v.data_ptr() for v in views], dtype=torch.int64, device=ref.device)
-        return cls(ptrs, ref.shape[1], ref.shape[2], word, row_bytes // word,
-                   tuple(s // word for s in strides_b), tuple(views))
+        return cls(ptrs, ref.shape[1], ref.shape[2], ref.shape[3] * item,
+                   tuple(s * item for s in ref.stride()[:3]), align, tuple(views))
+
+    def word_bytes(self, limit: int) -> int:
+        """Largest copy unit <= limit (a power of two) dividing rows, strides and bases."""
+        w = limit
+        while w > 1 and any(x % w for x in (self.row_bytes, *self.strides, self.base_align)):
+            w //= 2
+        return w
+
+    @property
+    def geometry(self) -> list[int]:
+        """The CUDA op's geometry argument (csrc/cuda/launchers.h KVGeometry)."""
+        return [self.block_size, *self.strides, self.num_heads, self.row_bytes, self.base_align]
 
 
 def accepted_slot_pairs(slot_mapping: torch.Tensor, q_offsets: torch.Tensor,
@@ -129,10 +140,13 @@ def compact_kv(layers: KVLayers, src_slots: torch.Tensor, dst_slots: torch.Tenso
         return
     src = src_slots.contiguous()
     dst = dst_slots.contiguous()
-    n_cols = layers.num_heads * layers.row_words
+    word = layers.word_bytes(8)
+    row_words = layers.row_bytes // word
+    n_cols = layers.num_heads * row_words
     block_j = block_j or min(16, triton.next_power_of_2(w))
     block_c = min(triton.next_power_of_2(n_cols), max(64, 4096 // block_j))
     grid = (b, layers.ptrs.numel(), triton.cdiv(n_cols, block_c))
-    _compact_kernel[grid](layers.ptrs, src, dst, w, src.stride(0), *layers.strides,
-                          layers.row_words, n_cols, BLOCK_SIZE=layers.block_size,
-                          WORD=_WORD[layers.word_bytes], BLOCK_J=block_j, BLOCK_C=block_c)
+    _compact_kernel[grid](layers.ptrs, src, dst, w, src.stride(0),
+                          *(x // word for x in layers.strides), row_words, n_cols,
+                          BLOCK_SIZE=layers.block_size, WORD=_WORD[word], BLOCK_J=block_j,
+                          BLOCK_C=block_c)

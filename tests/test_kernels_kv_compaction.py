@@ -57,7 +57,7 @@ def _step(seed, sizes, prefixes, block_size, follow=0.9):
 
 
 @pytest.mark.parametrize("seed,dtype,heads,d,block_size,block_j", [
-    (0, torch.float16, 2, 8, 4, None),      # 4-byte words
+    (0, torch.float16, 2, 8, 4, None),      # 8-byte words
     (1, torch.bfloat16, 3, 3, 8, 2),        # 6-byte rows: 2-byte words; chunks of 2 moves
     (2, torch.float32, 1, 16, 16, 1),       # one move per chunk
 ])
@@ -112,9 +112,9 @@ def test_strided_and_byte_caches():
            for _ in range(4)]                                       # [nb, bs, Hkv, D] views
     odd = [torch.randint(0, 100, (2, 6, 4, 3, 5), generator=gen, dtype=torch.int8).to(DEVICE)
            for _ in range(2)]
-    for caches, word in ((hnd, 4), (odd, 1)):
+    for caches, word in ((hnd, 8), (odd, 1)):
         layers = KVLayers.from_caches(caches)
-        assert layers.word_bytes == word
+        assert layers.word_bytes(8) == word
         want = [c.clone() for c in caches]
         compact_kv(layers, src, dst)
         compact_kv_reference([v for c in want for v in (c.unbind(0) if c.dim() == 5 else [c])],
