@@ -1,0 +1,307 @@
+"""GPU verification kernels: tree attention latency against the alternatives, KV compaction
+bandwidth against a device-to-device copy (issue 6's grid). Needs a CUDA GPU; exits with a
+message (code 2) elsewhere.
+
+Attention, per (batch, context, tree size), every request with the same prefix length and a
+random tree of that size, Hq 32 / Hkv 8 (8B-class GQA), bf16, paged blocks of 16:
+  tree_triton      kernels.tree_attention on the paged cache (the kernel under test)
+  causal_sdpa      the same number of query rows, causal (lower-right) SDPA on contiguous K/V:
+                   the chain/causal path's cost at equal query tokens
+  causal_vllm_fa   vLLM's FlashAttention varlen kernel on the paged cache, causal (if importable)
+  sdpa_dense_mask  SDPA with a dense boolean [B, 1, n, L] mask on contiguous K/V
+  flex_block_mask  FlexAttention with a BlockMask built from the tree mask (build time reported
+                   separately: it is paid every step)
+  flashinfer_mask  FlashInfer paged prefill with a custom mask (if flashinfer is installed)
+Compaction: 32 layers x (K, V) caches, every request moving `moves` slots (alias chains),
+Triton and (if built) the CUDA op, against torch's D2D copy rate on a 1 GiB buffer.
+
+    python benchmarks/bench_kernels.py                       # full grid, JSON to results/
+    python benchmarks/bench_kernels.py --batches 1 8 --contexts 4096 --trees 64 --out x.json
+
+Times are triton.testing.do_bench medians (ms). Nothing here has been run yet (see
+kernels/NOTES.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _bench(fn: Callable[[], Any]) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=10, rep=50))
+
+
+def _try(fn: Callable[[], float]) -> float | str:
+    """A time in ms, or the error text (a baseline that cannot run is reported, not faked)."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - recorded in the results
+        return f"error: {type(e).__name__}: {str(e)[:200]}"
+
+
+class Case:
+    """One grid point: paged cache, contiguous copies, trees and masks on the GPU."""
+
+    def __init__(self, batch: int, context: int, tree: int, hq: int, hkv: int, d: int,
+                 dtype: torch.dtype, block_size: int, seed: int = 0) -> None:
+        from vllm_treespec.tree import TreeBatch
+        from vllm_treespec.tree.testing import random_tree
+
+        rng = np.random.default_rng(seed)
+        dev = torch.device("cuda")
+        self.b, self.ctx, self.n, self.hq, self.hkv, self.d = batch, context, tree, hq, hkv, d
+        self.L = context + tree
+        self.scale = d ** -0.5
+        trees = [random_tree(rng, tree - 1, max_children=4) for _ in range(batch)]
+        tb = TreeBatch.from_trees(trees)
+        self.offsets = tb.offsets.to(dev)
+        self.anc_mask = tb.anc_mask.to(dev)
+        self.parents = tb.parents
+        self.prefix = torch.full((batch,), context, dtype=torch.int64, device=dev)
+        blocks = -(-self.L // block_size)
+        perm = torch.randperm(batch * blocks, device=dev)
+        self.block_table = perm.view(batch, blocks).to(torch.int32)
+        self.k_contig = torch.randn(batch, hkv, self.L, d, device=dev, dtype=dtype)
+        self.v_contig = torch.randn(batch, hkv, self.L, d, device=dev, dtype=dtype)
+        self.key_cache = torch.empty(batch * blocks, block_size, hkv, d, device=dev, dtype=dtype)
+        self.value_cache = torch.empty_like(self.key_cache)
+        pos = torch.arange(self.L, device=dev)
+        for r in range(batch):
+            blk = self.block_table[r].long()[pos // block_size]
+            self.key_cache[blk, pos % block_size] = self.k_contig[r].transpose(0, 1)
+            self.value_cache[blk, pos % block_size] = self.v_contig[r].transpose(0, 1)
+        self.q = torch.randn(batch * tree, hq, d, device=dev, dtype=dtype)
+        self.q_bhnd = self.q.view(batch, tree, hq, d).transpose(1, 2)
+        bits = (tb.anc_mask.unsqueeze(-1) >> torch.arange(64)) & 1
+        tree_mask = bits.flatten(1)[:, :tree].bool().view(batch, tree, tree).to(dev)
+        self.tree_mask = tree_mask
+        self.dense = torch.cat([torch.ones(batch, tree, context, dtype=torch.bool, device=dev),
+                                tree_mask], dim=2).unsqueeze(1)          # [B, 1, n, L]
+
+    def check_first_request(self) -> float:
+        """Max |ours - float64 reference| over request 0's rows (a sanity check per point)."""
+        from vllm_treespec.kernels.reference import paged_tree_attention_reference
+
+        ours = self.tree_triton()[: self.n].double()
+        parents = self.parents[: self.n]
+        ref = paged_tree_attention_reference(self.q[: self.n], self.key_cache, self.value_cache,
+                                             self.block_table[:1], self.prefix[:1],
+                                             self.offsets[:2], parents, self.scale)
+        return float((ours - ref).abs().max())
+
+    @staticmethod
+    def bytes_needed(batch: int, context: int, tree: int, hq: int, hkv: int, d: int,
+                     itemsize: int) -> int:
+        kv = 4 * batch * (context + tree) * hkv * d * itemsize      # paged + contiguous, K and V
+        return kv + batch * tree * (context + tree) + 4 * batch * tree * hq * d * itemsize
+
+    def tree_triton(self) -> torch.Tensor:
+        from vllm_treespec.kernels.tree_attention import paged_tree_attention
+
+        return paged_tree_attention(self.q, self.key_cache, self.value_cache, self.block_table,
+                                    self.prefix, self.offsets, self.anc_mask, self.scale,
+                                    max_rows=self.n, max_prefix=self.ctx)
+
+    def causal_sdpa(self) -> torch.Tensor:
+        from torch.nn.attention.bias import causal_lower_right
+
+        bias = causal_lower_right(self.n, self.L)
+        return torch.nn.functional.scaled_dot_product_attention(
+            self.q_bhnd, self.k_contig, self.v_contig, attn_mask=bias, scale=self.scale,
+            enable_gqa=True)
+
+    def sdpa_dense_mask(self) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(
+            self.q_bhnd, self.k_contig, self.v_contig, attn_mask=self.dense, scale=self.scale,
+            enable_gqa=True)
+
+    def causal_vllm_fa(self) -> Callable[[], torch.Tensor]:
+        from vllm.vllm_flash_attn import flash_attn_varlen_func
+
+        dev = self.q.device
+        cu_q = torch.arange(0, (self.b + 1) * self.n, self.n, dtype=torch.int32, device=dev)
+        seqused = torch.full((self.b,), self.L, dtype=torch.int32, device=dev)
+        return lambda: flash_attn_varlen_func(
+            q=self.q, k=self.key_cache, v=self.value_cache, max_seqlen_q=self.n,
+            cu_seqlens_q=cu_q, max_seqlen_k=self.L, seqused_k=seqused, softmax_scale=self.scale,
+            causal=True, block_table=self.block_table)
+
+    def flex(self) -> tuple[Callable[[], Any], Callable[[], torch.Tensor]]:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        tree_mask, ctx = self.tree_mask, self.ctx
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return (kv_idx < ctx) | tree_mask[b, q_idx, (kv_idx - ctx).clamp(min=0)]
+
+        build = lambda: create_block_mask(mask_mod, self.b, None, self.n, self.L,  # noqa: E731
+                                          device="cuda")
+        block_mask = build()
+        attn = torch.compile(flex_attention)
+        run = lambda: attn(self.q_bhnd, self.k_contig, self.v_contig,  # noqa: E731
+                           block_mask=block_mask, scale=self.scale, enable_gqa=True)
+        return build, run
+
+    def flashinfer(self) -> Callable[[], torch.Tensor]:
+        import flashinfer
+
+        dev = self.q.device
+        bs = self.key_cache.shape[1]
+        blocks = self.block_table.shape[1]
+        ws = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+        qo_indptr = torch.arange(0, (self.b + 1) * self.n, self.n, dtype=torch.int32, device=dev)
+        kv_indptr = torch.arange(0, (self.b + 1) * blocks, blocks, dtype=torch.int32, device=dev)
+        last = torch.full((self.b,), self.L - (blocks - 1) * bs, dtype=torch.int32, device=dev)
+        mask = self.dense[:, 0].reshape(-1)
+        wrapper.plan(qo_indptr, kv_indptr, self.block_table.reshape(-1), last, self.hq,
+                     self.hkv, self.d, bs, custom_mask=mask, q_data_type=self.q.dtype,
+                     kv_data_type=self.key_cache.dtype, sm_scale=self.scale)
+        return lambda: wrapper.run(self.q, (self.key_cache, self.value_cache))
+
+
+def attention_row(case: Case, methods: set[str]) -> dict[str, Any]:
+    row: dict[str, Any] = {"batch": case.b, "context": case.ctx, "tree": case.n}
+    row["max_abs_diff_req0_vs_fp64"] = case.check_first_request()
+    row["tree_triton_ms"] = _try(lambda: _bench(case.tree_triton))
+    if "causal_sdpa" in methods:
+        row["causal_sdpa_ms"] = _try(lambda: _bench(case.causal_sdpa))
+    if "causal_vllm_fa" in methods:
+        row["causal_vllm_fa_ms"] = _try(lambda: _bench(case.causal_vllm_fa()))
+    if "sdpa_dense_mask" in methods:
+        row["sdpa_dense_mask_ms"] = _try(lambda: _bench(case.sdpa_dense_mask))
+    if "flex_block_mask" in methods:
+        try:
+            build, run = case.flex()
+            row["flex_block_mask_ms"] = _try(lambda: _bench(run))
+            row["flex_mask_build_ms"] = _try(lambda: _bench(build))
+        except Exception as e:  # noqa: BLE001
+            row["flex_block_mask_ms"] = f"error: {type(e).__name__}: {str(e)[:200]}"
+    if "flashinfer_mask" in methods:
+        row["flashinfer_mask_ms"] = _try(lambda: _bench(case.flashinfer()))
+    for base in ("causal_sdpa_ms", "causal_vllm_fa_ms", "flashinfer_mask_ms"):
+        if isinstance(row.get(base), float) and isinstance(row["tree_triton_ms"], float):
+            row[f"tree_over_{base[:-3]}"] = row["tree_triton_ms"] / row[base]
+    return row
+
+
+def d2d_gbps() -> float:
+    """torch copy_ between two 1 GiB buffers: bytes read + written per second, GB/s."""
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    ms = _bench(lambda: b.copy_(a))
+    return 2 * a.numel() / (ms * 1e-3) / 1e9
+
+
+def compaction_rows(batches: list[int], moves: int, layers: int, hkv: int, d: int,
+                    dtype: torch.dtype, block_size: int) -> list[dict[str, Any]]:
+    from vllm_treespec.kernels import cuda_ops
+    from vllm_treespec.kernels.kv_compaction import KVLayers, compact_kv
+
+    rows = []
+    for b in batches:
+        span = moves + 2
+        blocks = -(-b * span // block_size) + 1
+        caches = [torch.randn(2, blocks, block_size, hkv, d, device="cuda").to(dtype)
+                  for _ in range(layers)]
+        kv = KVLayers.from_caches(caches)
+        base = torch.arange(b, device="cuda")[:, None] * span
+        j = torch.arange(1, moves + 1, device="cuda")[None, :]
+        src, dst = base + j + 1, base + j              # alias chain: node j+1 -> slot j
+        nbytes = 2 * b * moves * 2 * layers * hkv * d * caches[0].element_size()  # read+write
+        row: dict[str, Any] = {"batch": b, "moves_per_request": moves, "layers": layers}
+        ms = _bench(lambda: compact_kv(kv, src, dst))
+        row.update(triton_ms=ms, triton_gbps=nbytes / (ms * 1e-3) / 1e9)
+        if cuda_ops.available():
+            ms = _bench(lambda: cuda_ops.compact_kv(kv, src, dst))
+            row.update(cuda_ms=ms, cuda_gbps=nbytes / (ms * 1e-3) / 1e9)
+        rows.append(row)
+        del caches, kv
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128])
+    p.add_argument("--contexts", type=int, nargs="+", default=[512, 4096, 32768])
+    p.add_argument("--trees", type=int, nargs="+", default=[16, 64, 256])
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--heads", type=int, nargs=2, default=[32, 8], metavar=("HQ", "HKV"))
+    p.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-gib", type=float, default=None,
+                   help="skip grid points needing more (default: 80%% of free GPU memory)")
+    p.add_argument("--methods", nargs="+", default=["causal_sdpa", "causal_vllm_fa",
+                   "sdpa_dense_mask", "flex_block_mask", "flashinfer_mask"])
+    p.add_argument("--compaction-moves", type=int, default=8)
+    p.add_argument("--out", type=Path, default=None)
+    ns = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_kernels.py needs a CUDA GPU (torch.cuda.is_available() is False); "
+              "nothing was measured.", file=sys.stderr)
+        return 2
+    from vllm_treespec.report import software_info
+
+    dtype = getattr(torch, ns.dtype)
+    hq, hkv = ns.heads
+    free = torch.cuda.mem_get_info()[0]
+    budget = (ns.max_gib * 2**30) if ns.max_gib else 0.8 * free
+    methods = set(ns.methods)
+    rows: list[dict[str, Any]] = []
+    print(f"{'B':>4} {'ctx':>6} {'tree':>5} {'ours ms':>8} {'causal':>8} {'dense':>8} "
+          f"{'flex':>8} {'finfer':>8}")
+    for b in ns.batches:
+        for ctx in ns.contexts:
+            for n in ns.trees:
+                need = Case.bytes_needed(b, ctx, n, hq, hkv, ns.head_dim, dtype.itemsize)
+                if need > budget:
+                    rows.append({"batch": b, "context": ctx, "tree": n,
+                                 "skipped": f"needs ~{need / 2**30:.1f} GiB"})
+                    continue
+                case = Case(b, ctx, n, hq, hkv, ns.head_dim, dtype, ns.block_size)
+                row = attention_row(case, methods)
+                rows.append(row)
+                del case
+                torch.cuda.empty_cache()
+                f = lambda k: (f"{row[k]:8.3f}" if isinstance(row.get(k), float)  # noqa: E731
+                               else f"{'-':>8}")
+                print(f"{b:>4} {ctx:>6} {n:>5} {f('tree_triton_ms')} {f('causal_sdpa_ms')} "
+                      f"{f('sdpa_dense_mask_ms')} {f('flex_block_mask_ms')} "
+                      f"{f('flashinfer_mask_ms')}", flush=True)
+    d2d = d2d_gbps()
+    comp = compaction_rows(ns.batches, ns.compaction_moves, 32, hkv, ns.head_dim, dtype,
+                           ns.block_size)
+    print(f"D2D copy: {d2d:.0f} GB/s")
+    for r in comp:
+        print(f"compaction B={r['batch']:>4}: triton {r['triton_ms']:.4f} ms "
+              f"({r['triton_gbps']:.0f} GB/s, {r['triton_gbps'] / d2d:.0%} of D2D)")
+    props = torch.cuda.get_device_properties(0)
+    import triton
+
+    record = {"benchmark": "bench_kernels",
+              "gpu": {"name": props.name, "capability": f"{props.major}.{props.minor}",
+                      "sms": props.multi_processor_count,
+                      "memory_gib": round(props.total_memory / 2**30, 1)},
+              "software": software_info() | {"triton": triton.__version__},
+              "settings": {"hq": hq, "hkv": hkv, "head_dim": ns.head_dim, "dtype": ns.dtype,
+                           "block_size": ns.block_size, "timer": "triton.testing.do_bench median"},
+              "attention": rows, "d2d_copy_gbps": d2d, "compaction": comp}
+    out = ns.out or RESULTS / f"bench_kernels_{props.name.replace(' ', '_')}.json"
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
