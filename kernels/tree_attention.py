@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["paged_tree_attention", "choose_num_splits", "default_blocks"]
+__all__ = ["paged_tree_attention", "choose_num_splits", "default_config"]
 
 _LOG2E = 1.4426950408889634
 
@@ -194,9 +194,19 @@ def _merge_kernel(PartOut, PartLse, Out,
     tl.store(Out + t * stride_ot + h * stride_oh + d, out.to(Out.dtype.element_ty), mask=d_ok)
 
 
-def default_blocks(head_dim: int) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N) starting points; untuned (no GPU measurement yet, see NOTES.md)."""
-    return (64, 64) if head_dim <= 128 else (64, 32)
+def default_config(head_dim: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) starting points, untuned on hardware.
+
+    Chosen so that the sm_90 compile does not spill (kernels/compile_check.py prints registers
+    and stack): with 64x64 tiles head dim 128 needs 8 warps (4 spill), fp32 needs 32x32 tiles.
+    """
+    if dtype == torch.float32:
+        return 32, 32, 4, 3
+    if head_dim <= 64:
+        return 64, 64, 4, 3
+    if head_dim <= 128:
+        return 64, 64, 8, 3
+    return 64, 32, 8, 2
 
 
 def choose_num_splits(num_programs: int, max_prefix: int, num_sms: int, block_n: int,
@@ -264,7 +274,7 @@ def paged_tree_attention(query: torch.Tensor, key_cache: torch.Tensor,
     for CUDA graphs. num_splits: prefix splits (default: 1 on CPU, ``choose_num_splits`` on GPU).
     Returns ``out`` (or a new tensor) ``[T, Hq, D]`` in the query dtype.
     """
-    bm, bn = default_blocks(query.shape[-1])
+    bm, bn, warps, stages = default_config(triton.next_power_of_2(query.shape[-1]), query.dtype)
     block_m, block_n = block_m or bm, block_n or bn
     _check(query, key_cache, value_cache, block_table, anc_mask, block_n)
     t, hq, d = query.shape
@@ -310,6 +320,7 @@ def paged_tree_attention(query: torch.Tensor, key_cache: torch.Tensor,
         BLOCK_SIZE=bs, GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m,
         BLOCK_N=block_n, NUM_SPLITS=num_splits, HAS_CAUSAL=has_causal,
         SOFT_CAP=bool(logits_soft_cap), UPCAST=upcast, PRECISION=precision,
+        num_warps=warps, num_stages=stages,
     )
     if num_splits > 1:
         _merge_kernel[(t, hq)](
