@@ -101,6 +101,7 @@ def _tree_attn_kernel(
     req = tl.program_id(1) // num_kv_heads
     kv_head = tl.program_id(1) % num_kv_heads
     split = tl.program_id(2)
+    split64 = split.to(tl.int64)     # partial buffers can pass 2**31 elements
     q_start = tl.load(q_offsets + req).to(tl.int64)
     n_rows = (tl.load(q_offsets + req + 1).to(tl.int64) - q_start).to(tl.int32)
     if tile * BLOCK_M >= n_rows * GROUP:
@@ -168,10 +169,10 @@ def _tree_attn_kernel(
     else:
         empty = l_i == 0.0             # an empty prefix chunk
         l_safe = tl.where(empty, 1.0, l_i)
-        tl.store(PartOut + split * stride_ps + (t * stride_pt + head * stride_ph)[:, None]
+        tl.store(PartOut + split64 * stride_ps + (t * stride_pt + head * stride_ph)[:, None]
                  + d[None, :], acc / l_safe[:, None], mask=io_mask)
         lse = tl.where(empty, float("-inf"), m_i + tl.log2(l_safe))
-        tl.store(PartLse + split * stride_ls + t * stride_lt + head, lse, mask=row_ok)
+        tl.store(PartLse + split64 * stride_ls + t * stride_lt + head, lse, mask=row_ok)
 
 
 @triton.jit
@@ -182,7 +183,7 @@ def _merge_kernel(PartOut, PartLse, Out,
     """out = sum_s 2^(lse_s - max) * out_s / sum_s 2^(lse_s - max) for one (row, head)."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
-    s = tl.arange(0, BLOCK_S)
+    s = tl.arange(0, BLOCK_S).to(tl.int64)
     s_ok = s < NUM_SPLITS
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM

@@ -71,6 +71,26 @@ def test_matches_float64_reference(seed, dtype, d, heads, bs, sizes, prefixes, c
     torch.testing.assert_close(out.double(), ref, **TOL[dtype])
 
 
+@pytest.mark.parametrize("seed", [10, 11])
+def test_random_shapes(seed):
+    """Drawn per seed: tree sizes, context lengths, causal flags, GQA, dtype, splits, tiles."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    b = int(rng.integers(1, 6))
+    sizes = [int(x) for x in rng.integers(1, 80, size=b)]
+    prefixes = [int(x) for x in rng.integers(0, 300, size=b)]
+    causal = [bool(x) for x in rng.random(b) < 0.25]
+    hkv, group = int(rng.integers(1, 3)), int(rng.choice([1, 2, 4]))
+    dtype = [torch.float32, torch.float16, torch.bfloat16][int(rng.integers(3))]
+    d, bs = int(rng.choice([64, 128])), int(rng.choice([16, 32]))
+    case = paged_tree_case(seed, sizes, prefixes, hkv * group, hkv, d, dtype, bs, causal,
+                           device=DEVICE)
+    out = _run(case, d ** -0.5, num_splits=int(rng.integers(1, 5)),
+               block_m=int(rng.choice([16, 32])), block_n=int(rng.choice([16, 32, 64])))
+    torch.testing.assert_close(out.double(), _reference(case, d ** -0.5), **TOL[dtype])
+
+
 def test_soft_cap_and_one_mask_word_per_tile():
     case = paged_tree_case(5, [12, 24], [31, 0], 4, 2, 64, torch.float32, 16, device=DEVICE)
     out = _run(case, 0.3, logits_soft_cap=5.0, num_splits=2, block_m=16, block_n=64)
