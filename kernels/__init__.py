@@ -8,7 +8,9 @@ imports no kernel module (nor Triton) by itself:
   part, LSE merge) over vLLM's FlashAttention KV layout;
 - ``kv_compaction``: accepted nodes' K/V to their chain slots, all layers in one launch;
 - ``tree_accept``: greedy tree acceptance, one program per request;
-- ``reference``: the torch references; ``testing``: test-case builders (neither imports Triton).
+- ``reference``: the torch references; ``testing``: test-case builders (neither imports Triton);
+- ``cuda_ops``: wrappers of the opt-in CUDA extension (csrc/cuda/), same contracts;
+- ``compile_check``: compiles every Triton variant for an sm target without a GPU.
 
 Design notes and (unmeasured) H100 predictions: kernels/NOTES.md.
 """

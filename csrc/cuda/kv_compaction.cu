@@ -69,12 +69,16 @@ cudaError_t launch_kv_compact(const int64_t* ptrs, int64_t num_tensors, const in
                               const int64_t* dst, int64_t num_requests, int64_t width,
                               int64_t stride_move, const KVGeometry& geo, cudaStream_t stream) {
   if (num_requests == 0 || width == 0 || num_tensors == 0) return cudaSuccess;
+  const auto run = [&](auto word) {
+    return launch<decltype(word)>(ptrs, num_tensors, src, dst, num_requests, width, stride_move,
+                                  geo, stream);
+  };
   switch (kv_word_bytes(geo)) {
-    case 16: return launch<uint4>(ptrs, num_tensors, src, dst, num_requests, width, stride_move, geo, stream);
-    case 8: return launch<uint2>(ptrs, num_tensors, src, dst, num_requests, width, stride_move, geo, stream);
-    case 4: return launch<uint32_t>(ptrs, num_tensors, src, dst, num_requests, width, stride_move, geo, stream);
-    case 2: return launch<uint16_t>(ptrs, num_tensors, src, dst, num_requests, width, stride_move, geo, stream);
-    default: return launch<uint8_t>(ptrs, num_tensors, src, dst, num_requests, width, stride_move, geo, stream);
+    case 16: return run(uint4{});
+    case 8: return run(uint2{});
+    case 4: return run(uint32_t{});
+    case 2: return run(uint16_t{});
+    default: return run(uint8_t{});
   }
 }
 
