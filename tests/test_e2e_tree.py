@@ -98,6 +98,10 @@ def test_trees_were_verified_and_accepted(runs, name):
     assert len(hist) == k + 1 and sum(hist) == stats["verified_trees"]
     if k > 1:  # branching trees whose accepted path was not the node prefix moved KV
         assert stats["kv_moves"] > 0, "no accepted path left the node prefix: KV compaction untested"
+        # the step-time breakdown saw every part (branching trees ran the tree attention)
+        assert stats["attention_ms_per_step"] > 0 and stats["compaction_ms_per_step"] > 0
+        assert 0 < stats["accept_ms_per_step"] <= stats["verify_ms_per_step"]
+    assert stats["worker_step_ms"] > stats["draft_ms_per_step"] > 0
 
 
 def test_cases_were_exercised(runs):
