@@ -25,6 +25,13 @@ ADDITIONAL_CONFIG_KEY = "treespec"
 __all__ = ["ConfigError", "TreespecConfig", "PromptLookupConfig", "LookupTrieConfig", "load_config", "config_reference"]
 
 
+def _check_ngram_range(section: Any, prefix: str) -> None:
+    """Prompt lookup's suffix lengths: min_ngram <= max_ngram."""
+    if section.min_ngram > section.max_ngram:
+        raise ConfigError(f"{prefix}.min_ngram: {section.min_ngram} is larger than {prefix}.max_ngram "
+                          f"({section.max_ngram}); set min_ngram <= max_ngram")
+
+
 @dataclasses.dataclass(frozen=True)
 class PromptLookupConfig:
     """Drafts continuations of the longest earlier match of the request's own suffix."""
@@ -44,9 +51,7 @@ class PromptLookupConfig:
         if not 0.0 < self.continue_prob <= 1.0:
             raise ConfigError(f"{prefix}.continue_prob: {self.continue_prob} is out of range; allowed "
                               "0 < continue_prob <= 1")
-        if self.min_ngram > self.max_ngram:
-            raise ConfigError(f"{prefix}.min_ngram: {self.min_ngram} is larger than {prefix}.max_ngram "
-                              f"({self.max_ngram}); set min_ngram <= max_ngram")
+        _check_ngram_range(self, prefix)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,9 +95,7 @@ class LookupTrieConfig:
         if not 0.0 <= self.lookup_weight <= 1.0:
             raise ConfigError(f"{prefix}.lookup_weight: {self.lookup_weight} is out of range; allowed "
                               "0 <= lookup_weight <= 1")
-        if self.min_ngram > self.max_ngram:
-            raise ConfigError(f"{prefix}.min_ngram: {self.min_ngram} is larger than {prefix}.max_ngram "
-                              f"({self.max_ngram}); set min_ngram <= max_ngram")
+        _check_ngram_range(self, prefix)
 
 
 DRAFTERS: dict[str, type] = {"prompt_lookup": PromptLookupConfig, "ngram_trie": NgramTrieConfig,
