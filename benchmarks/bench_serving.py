@@ -41,6 +41,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="prompt sampling seed")
     p.add_argument("--trees", action="store_true", help="add the tree configs at each --budgets value")
     p.add_argument("--budgets", type=int, nargs="+", default=[8, 16, 32, 64])
+    p.add_argument("--rounds", type=int, default=1,
+                   help="repeat the whole sweep (alternating config order); rows keep each "
+                        "config's median round")
     p.add_argument("--tree-configs", nargs="+", default=None, choices=list(TREE_FAMILIES),
                    help="with --trees: only these chain / tree configs (default: all)")
     p.add_argument("--lookup-continue-prob", type=float, nargs="*", default=[],
@@ -124,8 +127,8 @@ def columns() -> list:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vllm_treespec.comparison import (NGRAM_MAX, NGRAM_MIN, all_match, no_spec, run_comparison,
-                                          summarize, treespec, vllm_ngram)
+    from vllm_treespec.comparison import (NGRAM_MAX, NGRAM_MIN, all_match, median_measurements,
+                                          no_spec, run_comparison, summarize, treespec, vllm_ngram)
     from vllm_treespec.fixtures.corpus import held_out_prompts
     from vllm_treespec.report import format_table, hardware_info, hardware_line, software_info
     from vllm_treespec.serving import CPU_SERVE_ARGS
@@ -143,11 +146,20 @@ def main(argv: list[str] | None = None) -> int:
         configs += [c for c in tree_configs(ns.budgets, ns.lookup_continue_prob, ns.tree_configs)
                     if c.name not in {x.name for x in configs}]
     started = dt.datetime.now(dt.timezone.utc)
-    measurements = run_comparison(str(model_dir), configs, prompts, max_tokens=ns.max_tokens,
-                                  concurrencies=ns.concurrency, warmup_prompts=warmup)
+    rounds = []
+    for r in range(ns.rounds):
+        order = configs if r % 2 == 0 else configs[::-1]   # alternate to spread slow phases
+        if ns.rounds > 1:
+            print(f"round {r + 1} of {ns.rounds}", flush=True)
+        rounds.append(run_comparison(str(model_dir), order, prompts, max_tokens=ns.max_tokens,
+                                     concurrencies=ns.concurrency, warmup_prompts=warmup))
+    ok = all(all_match(summarize(ms, baseline="off")) for ms in rounds)
+    measurements, rates = median_measurements(rounds)
+    measurements.sort(key=lambda m: ([c.name for c in configs].index(m.config), m.concurrency))
     ref_name = fastest(measurements, [vllm_ngram(nk).name for nk in ngram_ks], min(ns.concurrency))
     rows = summarize(measurements, baseline="off", reference=ref_name)
-    ok = all_match(rows)
+    for row in rows:
+        row["tokens_per_s_rounds"] = rates[(row["config"], row["concurrency"])]
 
     print()
     print(format_table(rows, columns()))
@@ -171,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         "sampling": {"temperature": 0.0, "ignore_eos": True},
         "serve_args": list(CPU_SERVE_ARGS),
         "configs": [{"name": c.name, "args": list(c.args)} for c in configs],
+        "rounds": ns.rounds,
         "all_outputs_match": ok,
         "rows": rows,
     }

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_treespec.comparison import (Measurement, all_match, exact_matches, no_spec, percentile,
-                                      ratio, summarize, tokens_per_step, treespec, vllm_ngram)
+from vllm_treespec.comparison import (Measurement, all_match, exact_matches, median_measurements,
+                                      no_spec, percentile, ratio, summarize, tokens_per_step,
+                                      treespec, vllm_ngram)
 from vllm_treespec.report import fmt_float, fmt_match, fmt_ratio, format_table, hardware_info
 from vllm_treespec.serving import LoadResult, RequestResult, SpecMetrics, parse_spec_metrics
 
@@ -193,3 +194,16 @@ treespec_draft_seconds_created{pid="7"} 1.79e+09
     assert m.tree_ms_per_step("treespec_draft_seconds") == pytest.approx(2.0)
     assert (m - m).tree_ms_per_step("treespec_draft_seconds") is None
     assert parse_spec_metrics(METRICS_TEXT).tree == {}
+
+
+def test_median_measurements_keeps_each_rows_median_round():
+    out = [(1, 2, 3, 4)]
+    rounds = [[Measurement("off", 1, _load(out, wall, [wall]), SpecMetrics()),
+               Measurement("tree", 1, _load(out, tree_wall, [tree_wall]), SpecMetrics())]
+              for wall, tree_wall in [(1.0, 0.5), (2.0, 0.4), (4.0, 0.2)]]
+    chosen, rates = median_measurements(rounds)
+    assert [m.config for m in chosen] == ["off", "tree"]
+    assert chosen[0].load.wall_s == 2.0 and chosen[1].load.wall_s == 0.4   # median, per row
+    assert rates[("off", 1)] == [4.0, 2.0, 1.0]
+    two, _ = median_measurements(rounds[:2])                  # even count: the lower middle
+    assert two[0].load.wall_s == 2.0

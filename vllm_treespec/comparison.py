@@ -85,6 +85,27 @@ def run_comparison(model_dir: str, configs: Sequence[ServeConfig], prompts: Sequ
 
 # -- derived numbers (pure) ----------------------------------------------------------------
 
+def median_measurements(rounds: Sequence[Sequence[Measurement]]
+                        ) -> tuple[list[Measurement], dict[tuple[str, int], list[float]]]:
+    """Per (config, concurrency), the round with the median tokens/s (the lower middle for an
+    even count), in the first round's order, plus every round's tokens/s.
+
+    A shared machine's speed drifts over minutes (this project's dev VM: +-20% for one config);
+    repeating the whole sweep and keeping each row's median round keeps one slow phase from
+    deciding a ratio, while every number in a row still comes from one real run.
+    """
+    samples: dict[tuple[str, int], list[Measurement]] = {}
+    for measurements in rounds:
+        for m in measurements:
+            samples.setdefault((m.config, m.concurrency), []).append(m)
+    chosen, rates = [], {}
+    for key, ms in samples.items():
+        ranked = sorted(ms, key=lambda m: m.load.tokens_per_s)
+        chosen.append(ranked[(len(ranked) - 1) // 2])
+        rates[key] = [m.load.tokens_per_s for m in ms]
+    return chosen, rates
+
+
 def percentile(values: Sequence[float], q: float) -> float | None:
     """Linear-interpolated percentile (q in 0..100), as numpy's default; None for no values."""
     if not values:
