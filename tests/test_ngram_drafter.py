@@ -132,3 +132,29 @@ def test_propose_returns_trees_within_budget(trie_path, tree):
     for t, b in zip(trees, inputs.budgets):
         assert t.num_draft <= b
         t.validate()
+
+
+def test_native_best_first_equals_the_expander_tree(trie_path):
+    """best_first + acc_logp drafts with the C++ core; it builds the tree the Python builder
+    builds over the same trie continuations (children capped at drafter.k)."""
+    from vllm_treespec.config import parse_config
+
+    buf = np.zeros((5, 16), dtype=np.int32)
+    contexts = [[9, 1, 2], [1, 2, 3], [5, 1], [2, 3, 4, 5], [7, 1, 2, 3]]
+    for r, c in enumerate(contexts):
+        buf[r, :len(c)] = c
+    lens = np.array([len(c) for c in contexts])
+    for k, topk, depth in [(4, None, 6), (2, 4, 5), (3, 2, 3)]:
+        tree = {"builder": "best_first", "max_depth": depth, **({"topk": topk} if topk else {})}
+        cfg = parse_config({"drafter": {"type": "ngram_trie", "path": str(trie_path), "k": k}, "tree": tree})
+        d = make_drafter(cfg.drafter, tokenizer_dir=None, tree_config=cfg.tree)
+        assert d.native_best_first
+        inputs = DraftInputs(req_ids=list("abcde"), token_ids=buf, rows=np.arange(5), num_tokens=lens,
+                             budgets=np.array([1, 5, 9, 12, 20]))
+        for i, got in enumerate(d.propose(inputs)):
+            context = buf[i, :lens[i]]
+            want = build_tree("best_first", d.expander(context[:-1][-d.context_len:], int(context[-1])),
+                              int(inputs.budgets[i]), topk=min(k, topk or k), max_depth=depth)
+            assert got.draft_token_ids() == want.draft_token_ids()
+            assert np.array_equal(got.parents, want.parents)
+            np.testing.assert_allclose(got.score, want.score, rtol=0, atol=1e-6)   # float32 there

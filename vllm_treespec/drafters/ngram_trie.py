@@ -4,11 +4,16 @@ The trie (vllm_treespec.ngram) is memory-mapped, so every vLLM worker shares one
 ids are only meaningful under the tokenizer it was built with, so loading checks the trie's
 tokenizer fingerprint against the served model's tokenizer and fails startup on a mismatch.
 
-Two ways to draft from it:
+Three ways to draft from it:
 - tree.builder chain: a batched greedy chain over all requests at once, one trie cursor per
   request advanced depth by depth (no per-request Python loop);
-- any other builder: per request, an `Expander` (top-k continuations of each path) shaped by that
-  builder of `vllm_treespec.tree`; scorers that need rho (dart, presto) get the trie as rho.
+- tree.builder best_first with the acc_logp scorer: the C++ best-first core of the lookup-trie
+  drafter with prompt lookup switched off (csrc/lookup/lookup_trie_tree.h), batched over the
+  engine's token buffer without the GIL (the per-request Python Expander cost 0.6-3.5 ms per step);
+- any other builder or scorer: per request, an `Expander` (top-k continuations of each path)
+  shaped by that builder of `vllm_treespec.tree`; scorers that need rho (dart, presto) get the
+  trie as rho.
+Children per node: tree.topk when set, else drafter.k (never more than drafter.k).
 """
 from __future__ import annotations
 
@@ -89,6 +94,13 @@ class NgramTrieDrafter:
         self.builder_params = tree.builder_params() if tree is not None else {}
         self.rho = TrieSignal(self.trie) if tree is not None and tree.scorer != "acc_logp" else None
         self.k = int(config.k)
+        topk = self.builder_params.get("topk")
+        self.native_best_first = (self.tree_builder == "best_first" and tree.scorer == "acc_logp"
+                                  and not self.builder_params.get("scorer_params"))
+        self.native_params = dict(min_ngram=1, max_ngram=1, max_matches=0,
+                                  max_depth=int(self.builder_params.get("max_depth") or 8),
+                                  k=min(self.k, int(topk)) if topk else self.k,
+                                  min_context=int(config.min_context), lookup_weight=0.0, chain=False)
         self.min_context = int(config.min_context)
         self.context_len = max(1, self.trie.order - 1)
         self.online = bool(config.online_mb)
@@ -105,6 +117,8 @@ class NgramTrieDrafter:
     def propose(self, inputs: DraftInputs) -> list[DraftTree]:
         if self.tree_builder == "chain":
             return chain_trees(inputs, self.propose_chains(inputs))
+        if self.native_best_first:
+            return self.propose_native(inputs)
         trees = []
         for i in range(len(inputs)):
             root = inputs.root(i)
@@ -115,6 +129,19 @@ class NgramTrieDrafter:
             context = inputs.context(i, self.context_len + 1)[:-1]
             trees.append(build_tree(self.tree_builder, self.expander(context, root), budget,
                                     **self.builder_params))
+        return trees
+
+    def propose_native(self, inputs: DraftInputs) -> list[DraftTree]:
+        """Best-first trees of all requests in one C++ call (max_matches 0: the trie alone)."""
+        tokens, parents, depth, logprob, score, counts = self.trie._t.lookup_trie_trees(
+            inputs.token_ids, np.asarray(inputs.rows, dtype=np.int64),
+            np.asarray(inputs.num_tokens, dtype=np.int64), np.asarray(inputs.budgets, dtype=np.int64),
+            **self.native_params)
+        trees, start = [], 0
+        for end in np.cumsum(counts + 1).tolist():
+            trees.append(DraftTree(tokens[start:end], parents[start:end], depth[start:end],
+                                   logprob[start:end], score[start:end], validate=False))
+            start = end
         return trees
 
     def propose_chains(self, inputs: DraftInputs) -> list[list[int]]:
@@ -154,6 +181,8 @@ class NgramTrieDrafter:
         def expand(paths: list[tuple[int, ...]], k: int) -> tuple[np.ndarray, np.ndarray]:
             ctxs = [(base + list(p))[-self.context_len:] for p in paths]
             toks, probs, _ = self.trie.topk_batch(ctxs, k)
+            if k > self.k:     # drafter.k caps the children per node: the rest are absent
+                toks[:, self.k:], probs[:, self.k:] = -1, 0.0
             if self.min_context > 0:
                 _, orders = self.trie.prob_batch(ctxs, toks.clip(min=0), return_orders=True)
                 toks = np.where(orders >= self.min_context, toks, -1)
