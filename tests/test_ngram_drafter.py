@@ -148,7 +148,7 @@ def test_native_best_first_equals_the_expander_tree(trie_path):
         tree = {"builder": "best_first", "max_depth": depth, **({"topk": topk} if topk else {})}
         cfg = parse_config({"drafter": {"type": "ngram_trie", "path": str(trie_path), "k": k}, "tree": tree})
         d = make_drafter(cfg.drafter, tokenizer_dir=None, tree_config=cfg.tree)
-        assert d.native_best_first
+        assert d.native
         inputs = DraftInputs(req_ids=list("abcde"), token_ids=buf, rows=np.arange(5), num_tokens=lens,
                              budgets=np.array([1, 5, 9, 12, 20]))
         for i, got in enumerate(d.propose(inputs)):
@@ -158,3 +158,22 @@ def test_native_best_first_equals_the_expander_tree(trie_path):
             assert got.draft_token_ids() == want.draft_token_ids()
             assert np.array_equal(got.parents, want.parents)
             np.testing.assert_allclose(got.score, want.score, rtol=0, atol=1e-6)   # float32 there
+
+
+@pytest.mark.parametrize("min_context,max_depth", [(1, None), (0, 3), (2, None)])
+def test_native_chains_equal_the_python_chains(trie_path, min_context, max_depth):
+    from vllm_treespec.config import parse_config
+
+    tree = {"builder": "chain", **({"max_depth": max_depth} if max_depth else {})}
+    cfg = parse_config({"drafter": {"type": "ngram_trie", "path": str(trie_path), "min_context": min_context},
+                        "tree": tree})
+    d = make_drafter(cfg.drafter, tokenizer_dir=None, tree_config=cfg.tree)
+    assert d.native
+    rng = np.random.default_rng(min_context)
+    buf = rng.integers(0, 10, size=(6, 12)).astype(np.int32)
+    buf[0, :3] = [7, 1, 2]
+    inputs = DraftInputs(req_ids=list("abcdef"), token_ids=buf, rows=np.arange(6),
+                         num_tokens=np.array([3, 12, 5, 1, 8, 9]), budgets=np.array([9, 4, 0, 6, 2, 12]))
+    trees = d.propose(inputs)
+    assert [t.draft_token_ids() for t in trees] == d.propose_chains(inputs)
+    assert trees[0].draft_token_ids()[:3] == [3, 4, 5][:len(trees[0].draft_token_ids())]

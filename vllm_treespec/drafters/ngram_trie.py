@@ -5,11 +5,12 @@ ids are only meaningful under the tokenizer it was built with, so loading checks
 tokenizer fingerprint against the served model's tokenizer and fails startup on a mismatch.
 
 Three ways to draft from it:
-- tree.builder chain: a batched greedy chain over all requests at once, one trie cursor per
-  request advanced depth by depth (no per-request Python loop);
-- tree.builder best_first with the acc_logp scorer: the C++ best-first core of the lookup-trie
-  drafter with prompt lookup switched off (csrc/lookup/lookup_trie_tree.h), batched over the
-  engine's token buffer without the GIL (the per-request Python Expander cost 0.6-3.5 ms per step);
+- tree.builder chain and tree.builder best_first with the acc_logp scorer: the C++ core of the
+  lookup-trie drafter with prompt lookup switched off (csrc/lookup/lookup_trie_tree.h), batched
+  over the engine's token buffer without the GIL (the per-request Python Expander cost 0.6-3.5 ms
+  per step, the depth-by-depth Python chain loop up to 1 ms at 64 tokens). The chain is the
+  greedy spine with one candidate per node (k = 1), i.e. exactly `propose_chains`, which stays
+  as its plain-Python reference;
 - any other builder or scorer: per request, an `Expander` (top-k continuations of each path)
   shaped by that builder of `vllm_treespec.tree`; scorers that need rho (dart, presto) get the
   trie as rho.
@@ -23,7 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from vllm_treespec.drafters.base import DraftInputs, chain_trees
+from vllm_treespec.drafters.base import DraftInputs
 from vllm_treespec.schema import ConfigError
 from vllm_treespec.tree import DraftTree, build_tree
 
@@ -95,12 +96,13 @@ class NgramTrieDrafter:
         self.rho = TrieSignal(self.trie) if tree is not None and tree.scorer != "acc_logp" else None
         self.k = int(config.k)
         topk = self.builder_params.get("topk")
-        self.native_best_first = (self.tree_builder == "best_first" and tree.scorer == "acc_logp"
-                                  and not self.builder_params.get("scorer_params"))
-        self.native_params = dict(min_ngram=1, max_ngram=1, max_matches=0,
-                                  max_depth=int(self.builder_params.get("max_depth") or 8),
-                                  k=min(self.k, int(topk)) if topk else self.k,
-                                  min_context=int(config.min_context), lookup_weight=0.0, chain=False)
+        chain = self.tree_builder == "chain"
+        self.native = chain or (self.tree_builder == "best_first" and tree.scorer == "acc_logp"
+                                and not self.builder_params.get("scorer_params"))
+        depth = self.builder_params.get("max_depth") or (1 << 20 if chain else 8)
+        self.native_params = dict(min_ngram=1, max_ngram=1, max_matches=0, max_depth=int(depth),
+                                  k=1 if chain else (min(self.k, int(topk)) if topk else self.k),
+                                  min_context=int(config.min_context), lookup_weight=0.0, chain=chain)
         self.min_context = int(config.min_context)
         self.context_len = max(1, self.trie.order - 1)
         self.online = bool(config.online_mb)
@@ -115,9 +117,7 @@ class NgramTrieDrafter:
         return [inputs.token_ids[r, max(0, e - self.context_len): e] for r, e in zip(rows.tolist(), ends.tolist())]
 
     def propose(self, inputs: DraftInputs) -> list[DraftTree]:
-        if self.tree_builder == "chain":
-            return chain_trees(inputs, self.propose_chains(inputs))
-        if self.native_best_first:
+        if self.native:
             return self.propose_native(inputs)
         trees = []
         for i in range(len(inputs)):
@@ -132,7 +132,8 @@ class NgramTrieDrafter:
         return trees
 
     def propose_native(self, inputs: DraftInputs) -> list[DraftTree]:
-        """Best-first trees of all requests in one C++ call (max_matches 0: the trie alone)."""
+        """Chains or best-first trees of all requests in one C++ call (max_matches 0: the trie
+        alone)."""
         tokens, parents, depth, logprob, score, counts = self.trie._t.lookup_trie_trees(
             inputs.token_ids, np.asarray(inputs.rows, dtype=np.int64),
             np.asarray(inputs.num_tokens, dtype=np.int64), np.asarray(inputs.budgets, dtype=np.int64),
@@ -145,7 +146,8 @@ class NgramTrieDrafter:
         return trees
 
     def propose_chains(self, inputs: DraftInputs) -> list[list[int]]:
-        """Greedy chains: the trie's most likely next token, depth by depth, for all requests."""
+        """Greedy chains: the trie's most likely next token, depth by depth, for all requests
+        (reference of the native chain: stops where the top token's context is too short)."""
         out: list[list[int]] = [[] for _ in range(len(inputs))]
         budgets = np.minimum(inputs.budgets, self.builder_params.get("max_depth", 1 << 20))
         active = np.nonzero(budgets > 0)[0]
