@@ -1,0 +1,67 @@
+"""Where a speculative step's time goes: cProfile of an offline `LLM` run (engine in-process) on
+the code-LM fixture, 16 held-out prompts x 128 tokens at concurrency 1, greedy.
+
+    .venv/bin/python benchmarks/profile_offline.py lookup-trie-tree 8            # treespec preset, K
+    .venv/bin/python benchmarks/profile_offline.py ngram 16                      # vLLM's ngram, K
+    .venv/bin/python benchmarks/profile_offline.py off
+    .venv/bin/python benchmarks/profile_offline.py prompt-lookup-tree 16 --no-profile   # 3 timed passes
+
+Prints tokens/s and the treespec / model functions by cumulative time (ms per engine step is
+cumulative / steps); with --no-profile, tokens/s and process CPU seconds of 3 passes.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")   # engine in this process: one profile
+
+
+def main(argv: list[str]) -> int:
+    import cProfile
+    import pstats
+
+    from vllm import LLM, SamplingParams
+
+    from vllm_treespec.fixtures import build_fixture
+    from vllm_treespec.fixtures.corpus import held_out_prompts
+
+    mode, profile = argv[0], "--no-profile" not in argv
+    k = int(argv[1]) if len(argv) > 1 and argv[1].isdigit() else 8
+    kw: dict = {}
+    if mode == "ngram":
+        kw["speculative_config"] = {"method": "ngram", "num_speculative_tokens": k,
+                                    "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+    elif mode != "off":
+        kw["speculative_config"] = {"model": "vllm_treespec.TreeProposer", "num_speculative_tokens": k}
+        kw["additional_config"] = {"treespec": mode}
+    llm = LLM(model=str(build_fixture("code-lm")), dtype="float32", enforce_eager=True,
+              max_model_len=1024, seed=0, **kw)
+    prompts = held_out_prompts(16, seed=0)
+    params = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
+    llm.generate(prompts[:2], params, use_tqdm=False)          # warm-up
+    prof = cProfile.Profile()
+    for _ in range(1 if profile else 3):
+        start, cpu = time.perf_counter(), time.process_time()
+        if profile:
+            prof.enable()
+        for p in prompts:
+            llm.generate([p], params, use_tqdm=False)
+        if profile:
+            prof.disable()
+        wall = time.perf_counter() - start
+        print(f"{mode} K={k}: {16 * 128 / wall:.1f} tok/s, {time.process_time() - cpu:.2f} CPU s", flush=True)
+    if profile:
+        stats = pstats.Stats(prof)
+        rows = [(ct, f"{f.split('site-packages/')[-1].split('vllm_treespec/')[-1]}:{line}({fn})", n)
+                for (f, line, fn), (_, n, _, ct, _) in stats.stats.items()
+                if "vllm_treespec" in f or fn in ("_model_forward", "schedule", "execute_model")]
+        for ct, name, n in sorted(rows, reverse=True)[:30]:
+            print(f"{1e3 * ct:9.1f} ms cumulative  {n:6d} calls  {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
