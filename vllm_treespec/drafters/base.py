@@ -53,6 +53,18 @@ class DraftInputs:
         return self.token_ids[int(self.rows[i]), max(0, end - length): end]
 
 
+def split_flat_trees(tokens: np.ndarray, parents: np.ndarray, depth: np.ndarray, logprob: np.ndarray,
+                     score: np.ndarray, counts: np.ndarray) -> list[DraftTree]:
+    """DraftTrees from the C++ drafters' flat output: request i's block holds counts[i] + 1
+    root-first entries, parents local to the block (trusted: built by the C++ cores)."""
+    trees, start = [], 0
+    for end in np.cumsum(np.asarray(counts) + 1).tolist():
+        trees.append(DraftTree(tokens[start:end], parents[start:end], depth[start:end],
+                               logprob[start:end], score[start:end], validate=False))
+        start = end
+    return trees
+
+
 def chain_trees(inputs: DraftInputs, chains: Sequence[Sequence[int]]) -> list[DraftTree]:
     """Trees from linear drafts (chains[i] drafted after request i's root)."""
     trees = []

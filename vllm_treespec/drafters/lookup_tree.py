@@ -27,6 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
+from vllm_treespec.drafters.base import split_flat_trees
 from vllm_treespec.native import native
 from vllm_treespec.tree.draft_tree import DraftTree
 
@@ -77,13 +78,7 @@ def lookup_trees(token_ids: np.ndarray, rows: Sequence[int] | np.ndarray,
     tokens, parents, depth, _, logprob, score, counts = native().propose_tree_batch(
         token_ids, rows, num_tokens, budgets, int(min_ngram), int(max_ngram), int(max_matches),
         int(max_depth), float(continue_prob))
-    ends = np.cumsum(counts + 1).tolist()
-    trees, start = [], 0
-    for end in ends:
-        trees.append(DraftTree(tokens[start:end], parents[start:end], depth[start:end],
-                               logprob[start:end], score[start:end], validate=False))
-        start = end
-    return trees
+    return split_flat_trees(tokens, parents, depth, logprob, score, counts)
 
 
 # ---------------------------------------------------------------------------- reference

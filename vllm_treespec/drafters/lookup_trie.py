@@ -20,11 +20,21 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from vllm_treespec.drafters.base import DraftInputs
+from vllm_treespec.drafters.base import DraftInputs, split_flat_trees
 from vllm_treespec.drafters.ngram_trie import load_checked_trie
 from vllm_treespec.tree import DraftTree
 
-__all__ = ["LookupTrieDrafter", "lookup_trie_trees_reference"]
+__all__ = ["LookupTrieDrafter", "lookup_trie_trees_reference", "native_trees"]
+
+
+def native_trees(trie: Any, inputs: DraftInputs, **params: Any) -> list[DraftTree]:
+    """One C++ call (csrc/lookup/lookup_trie_tree.h) for every request of the step."""
+    if len(inputs) == 0:
+        return []
+    return split_flat_trees(*trie._t.lookup_trie_trees(
+        inputs.token_ids, np.asarray(inputs.rows, dtype=np.int64),
+        np.asarray(inputs.num_tokens, dtype=np.int64), np.asarray(inputs.budgets, dtype=np.int64),
+        **params))
 
 
 class LookupTrieDrafter:
@@ -47,19 +57,7 @@ class LookupTrieDrafter:
         pass
 
     def propose(self, inputs: DraftInputs) -> list[DraftTree]:
-        n = len(inputs)
-        if n == 0:
-            return []
-        tokens, parents, depth, logprob, score, counts = self.trie._t.lookup_trie_trees(
-            inputs.token_ids, np.asarray(inputs.rows, dtype=np.int64),
-            np.asarray(inputs.num_tokens, dtype=np.int64), np.asarray(inputs.budgets, dtype=np.int64),
-            chain=self.chain, **self.params)
-        trees, start = [], 0
-        for end in np.cumsum(counts + 1).tolist():
-            trees.append(DraftTree(tokens[start:end], parents[start:end], depth[start:end],
-                                   logprob[start:end], score[start:end], validate=False))
-            start = end
-        return trees
+        return native_trees(self.trie, inputs, chain=self.chain, **self.params)
 
     def observe_output(self, tokens: np.ndarray) -> None:
         """Learn a finished request's output in the trie's online layer (when enabled)."""

@@ -134,16 +134,9 @@ class NgramTrieDrafter:
     def propose_native(self, inputs: DraftInputs) -> list[DraftTree]:
         """Chains or best-first trees of all requests in one C++ call (max_matches 0: the trie
         alone)."""
-        tokens, parents, depth, logprob, score, counts = self.trie._t.lookup_trie_trees(
-            inputs.token_ids, np.asarray(inputs.rows, dtype=np.int64),
-            np.asarray(inputs.num_tokens, dtype=np.int64), np.asarray(inputs.budgets, dtype=np.int64),
-            **self.native_params)
-        trees, start = [], 0
-        for end in np.cumsum(counts + 1).tolist():
-            trees.append(DraftTree(tokens[start:end], parents[start:end], depth[start:end],
-                                   logprob[start:end], score[start:end], validate=False))
-            start = end
-        return trees
+        from vllm_treespec.drafters.lookup_trie import native_trees
+
+        return native_trees(self.trie, inputs, **self.native_params)
 
     def propose_chains(self, inputs: DraftInputs) -> list[list[int]]:
         """Greedy chains: the trie's most likely next token, depth by depth, for all requests
