@@ -4,11 +4,12 @@ everywhere else, mixed in one best-first tree.
 Prompt lookup alone drafts nothing on steps whose suffix never occurred before (on the code-LM
 fixture 23-26% of the steps, benchmarks/results/replay_tau_code-lm.json) and its trees hedge
 only between earlier matches; the trie alone always has a guess but sees two tokens of context.
-Per node the children's probabilities are the mixture P(c) = lambda * q_lookup(c) + (1 - lambda) * q_trie(c) (lambda =
-`lookup_weight` where the path still follows a match continuation, else 0), and the tree is the
-`budget` best paths by the product of P (lazy best-first; the exact rule is in
-csrc/lookup/lookup_trie_tree.h). tree.builder chain drafts the greedy spine of the same
-mixture. The C++ core reads the engine's token buffer directly, batched, without the GIL;
+Per node the children's probabilities are the mixture
+P(c) = lambda * q_lookup(c) + (1 - lambda) * q_trie(c) (lambda = `lookup_weight` where the path
+still follows a match continuation, else 0), and the tree is the `budget` best paths by the
+product of P (lazy best-first; the exact rule is in csrc/lookup/lookup_trie_tree.h).
+tree.builder chain drafts the greedy spine of the same mixture. The C++ core reads the engine's
+token buffer directly, batched, without the GIL;
 `lookup_trie_trees_reference` is the same semantics in plain Python, for tests.
 """
 from __future__ import annotations
