@@ -17,9 +17,6 @@ using treespec::lookup::SuffixMatch;
 namespace treespec::tree {
 void bind_tree(py::module_& m);  // csrc/tree/tree_bindings.cpp
 }
-namespace treespec::attention {
-void register_attention(py::module_& m);  // csrc/attention/attention_bindings.cpp
-}
 
 namespace {
 
@@ -208,5 +205,4 @@ PYBIND11_MODULE(_C, m) {
   treespec::tree::bind_tree(m);  // n-gram scorers, tree builders (csrc/tree/)
   register_ngram(m);
   treespec::verify::register_verify(m);  // greedy tree acceptance walk (csrc/verify/)
-  treespec::attention::register_attention(m);  // CPU tree attention (csrc/attention/)
 }
