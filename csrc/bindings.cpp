@@ -10,6 +10,7 @@
 
 #include "lookup/lookup_tree.h"
 #include "lookup/prompt_lookup.h"
+#include "lookup/py_batch.h"
 
 namespace py = pybind11;
 using treespec::lookup::SuffixMatch;
@@ -66,17 +67,9 @@ py::tuple propose_chain_batch(I32Array token_ids, I64Array rows, I64Array length
   return py::make_tuple(drafts, counts);
 }
 
-// Strict variants (no forcecast): a wrong dtype is a TypeError, never a silent copy or a cast.
-using I32Strict = py::array_t<int32_t, py::array::c_style>;
-using I64Strict = py::array_t<int64_t, py::array::c_style>;
-
-// Hands a vector's buffer to numpy without copying (the capsule frees it with the array).
-template <class T>
-py::array_t<T> to_numpy(std::vector<T>&& v) {
-  auto* owned = new std::vector<T>(std::move(v));
-  py::capsule free_when_done(owned, [](void* p) { delete static_cast<std::vector<T>*>(p); });
-  return py::array_t<T>(static_cast<py::ssize_t>(owned->size()), owned->data(), free_when_done);
-}
+using treespec::lookup::I32Strict;
+using treespec::lookup::I64Strict;
+using treespec::lookup::to_numpy;
 
 void check_tree_args(const I32Strict& token_ids, const I64Strict& rows, const I64Strict& lengths,
                      const I64Strict& budgets, int min_n, int max_n, int max_matches,
@@ -87,24 +80,7 @@ void check_tree_args(const I32Strict& token_ids, const I64Strict& rows, const I6
   if (max_matches < 1 || max_depth < 1)
     throw std::invalid_argument("lookup trees need max_matches >= 1 and max_depth >= 1, got " +
                                 std::to_string(max_matches) + " and " + std::to_string(max_depth));
-  if (token_ids.ndim() != 2) throw std::invalid_argument("token_ids must be 2-D [rows, max_len]");
-  if (rows.ndim() != 1 || lengths.ndim() != 1 || budgets.ndim() != 1 ||
-      lengths.size() != rows.size() || budgets.size() != rows.size())
-    throw std::invalid_argument("rows, lengths and budgets must be 1-D of the same length");
-  const int64_t num_rows = token_ids.shape(0), max_len = token_ids.shape(1);
-  for (py::ssize_t i = 0; i < rows.size(); ++i) {
-    const int64_t row = rows.data()[i], len = lengths.data()[i], budget = budgets.data()[i];
-    if (row < 0 || row >= num_rows)
-      throw std::out_of_range("request " + std::to_string(i) + ": row " + std::to_string(row) +
-                              " is out of range of token_ids with " + std::to_string(num_rows) +
-                              " rows");
-    if (len < 1 || len > max_len)
-      throw std::out_of_range("request " + std::to_string(i) + ": length " + std::to_string(len) +
-                              " is out of range 1.." + std::to_string(max_len));
-    if (budget < 0)
-      throw std::invalid_argument("request " + std::to_string(i) + ": budget " +
-                                  std::to_string(budget) + " is negative");
-  }
+  treespec::lookup::check_request_batch(token_ids, rows, lengths, budgets);
 }
 
 // Flat DraftTree arrays of a batch: each request's block is its root then its draft nodes.

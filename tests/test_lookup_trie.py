@@ -126,3 +126,25 @@ def test_drafter_from_config_on_the_fixture_trie(tiny_model):
 def test_config_errors_name_the_key(raw, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_config(raw, 16)
+
+
+def test_native_call_rejects_bad_batches_without_copying():
+    """The engine buffer is read in place: a wrong dtype is refused (never silently copied), and
+    rows, lengths and budgets are checked like the lookup trees' (shared C++ check)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.trie"
+        build_trie_from_streams([[1, 2, 3, 4] * 5], path, order=2, vocab_size=8)
+        trie = NgramTrie.load(path)
+        buf = np.zeros((2, 8), np.int32)
+        kw = dict(min_ngram=1, max_ngram=2, max_matches=2, max_depth=3, k=2, min_context=1,
+                  lookup_weight=0.5, chain=False)
+        with pytest.raises(TypeError):
+            native_trees(trie, buf.astype(np.int64), [0], [4], [3], **kw)
+        with pytest.raises(IndexError, match="row 2 is out of range"):
+            native_trees(trie, buf, [2], [4], [3], **kw)
+        with pytest.raises(IndexError, match="length 9 is out of range"):
+            native_trees(trie, buf, [0], [9], [3], **kw)
+        with pytest.raises(ValueError, match="budget -1 is negative"):
+            native_trees(trie, buf, [0], [4], [-1], **kw)
+        with pytest.raises(ValueError, match="lookup_weight"):
+            native_trees(trie, buf, [0], [4], [3], **{**kw, "lookup_weight": 1.5})

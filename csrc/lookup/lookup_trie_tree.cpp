@@ -17,7 +17,6 @@ struct Child {
 };
 
 struct Search {
-  const int32_t* tokens;
   const LookupTrieParams& prm;
   const ngram::TrieFile& trie;
   const ngram::OnlineCounts* online;
@@ -35,7 +34,7 @@ struct Search {
 
   Search(const int32_t* t, int64_t n, const LookupTrieParams& p, const ngram::TrieFile& tr,
          const ngram::OnlineCounts* on)
-      : tokens(t), prm(p), trie(tr), online(on),
+      : prm(p), trie(tr), online(on),
         matches(build_match_trie(t, n, p.min_n, p.max_n, p.max_matches, p.max_depth)) {
     const int64_t m = std::min<int64_t>(std::max(trie.order() - 1, 1), n);
     add(-1, 0, 0, t[n - 1], matches[0].weight > 0 ? 0 : -1, trie.cursor(t + n - m, m), 0.0, 0.0, {});
@@ -106,11 +105,14 @@ void propose_lookup_trie_tree(const int32_t* tokens, int64_t n, int64_t budget,
   s.emitted[0] = 0;
   const size_t start = out->size();
   const auto emitted_count = [&]() { return static_cast<int64_t>(out->size() - start); };
+  const auto emit = [&](int32_t v) {
+    s.emitted[v] = static_cast<int32_t>(emitted_count()) + 1;
+    out->push_back({s.token[v], s.emitted[s.parent[v]], s.depth[v], s.logp[v], s.score[v]});
+  };
   if (params.chain) {
     for (int32_t v = 0; emitted_count() < budget && !s.children(v).empty();) {
       v = s.make_child(v, 0);
-      s.emitted[v] = static_cast<int32_t>(emitted_count()) + 1;
-      out->push_back({s.token[v], s.emitted[s.parent[v]], s.depth[v], s.logp[v], s.score[v]});
+      emit(v);
     }
     return;
   }
@@ -125,8 +127,7 @@ void propose_lookup_trie_tree(const int32_t* tokens, int64_t n, int64_t budget,
   while (emitted_count() < budget && !heap.empty()) {
     const int32_t v = heap.top();
     heap.pop();
-    s.emitted[v] = static_cast<int32_t>(emitted_count()) + 1;
-    out->push_back({s.token[v], s.emitted[s.parent[v]], s.depth[v], s.logp[v], s.score[v]});
+    emit(v);
     if (!s.children(v).empty()) heap.push(s.make_child(v, 0));
     const int32_t p = s.parent[v];
     if (s.pos[v] + 1 < static_cast<int32_t>(s.children(p).size())) heap.push(s.make_child(p, s.pos[v] + 1));

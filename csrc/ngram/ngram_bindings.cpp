@@ -16,6 +16,7 @@
 #include "ngram/online.h"
 #include "ngram/trie.h"
 #include "lookup/lookup_trie_tree.h"
+#include "lookup/py_batch.h"
 #include "tree/trie_ngram.h"
 
 namespace py = pybind11;
@@ -25,7 +26,8 @@ namespace treespec::ngram {
 namespace {
 
 using I32Array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
-using I64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+using treespec::lookup::I32Strict;
+using treespec::lookup::I64Strict;
 using CursorArray = py::array_t<Cursor, py::array::c_style>;
 
 // A loaded trie plus this process's optional online layer (the Python class `Trie`).
@@ -115,22 +117,17 @@ const Cursor* checked_cursors(const Handle& h, const CursorArray& c) {
 // int32 token buffer: request i reads the first lengths[i] tokens of row rows[i] and gets at
 // most budgets[i] nodes. Returns (tokens, parents, depth int64, logprob, score float64,
 // counts int64[B]): one root-first DraftTree block of counts[i] + 1 entries per request.
-py::tuple lookup_trie_trees(const Handle& h, const I32Array& token_ids, const I64Array& rows,
-                            const I64Array& lengths, const I64Array& budgets,
+py::tuple lookup_trie_trees(const Handle& h, const I32Strict& token_ids, const I64Strict& rows,
+                            const I64Strict& lengths, const I64Strict& budgets,
                             const treespec::lookup::LookupTrieParams& prm) {
-  if (token_ids.ndim() != 2) throw std::invalid_argument("token_ids must be 2-D [rows, max_len]");
-  const int64_t num = rows.size(), num_rows = token_ids.shape(0), max_len = token_ids.shape(1);
-  if (lengths.size() != num || budgets.size() != num)
-    throw std::invalid_argument("rows, lengths and budgets must have the same length");
   if (prm.min_n < 1 || prm.max_n < prm.min_n || prm.max_matches < 0 || prm.max_depth < 1 || prm.k < 1 ||
       prm.min_context < 0 || !(prm.lookup_weight >= 0.0 && prm.lookup_weight <= 1.0))
     throw std::invalid_argument("lookup_trie_trees: need 1 <= min_n <= max_n, max_matches >= 0, "
                                 "max_depth >= 1, k >= 1, min_context >= 0, 0 <= lookup_weight <= 1");
+  treespec::lookup::check_request_batch(token_ids, rows, lengths, budgets);
+  const int64_t num = rows.size(), max_len = token_ids.shape(1);
   const int64_t* r = rows.data();
   const int64_t* len = lengths.data();
-  for (int64_t i = 0; i < num; ++i)
-    if (r[i] < 0 || r[i] >= num_rows || len[i] < 1 || len[i] > max_len)
-      throw std::out_of_range("request " + std::to_string(i) + ": row or length out of range of token_ids");
   std::vector<int64_t> tokens, parents, depth, counts;
   std::vector<double> logprob, score;
   std::shared_ptr<OnlineCounts> online = h.online;
@@ -152,8 +149,9 @@ py::tuple lookup_trie_trees(const Handle& h, const I32Array& token_ids, const I6
       counts.push_back(static_cast<int64_t>(nodes.size()));
     }
   }
-  const auto arr = [](auto& v) { return py::array(v.size(), v.data()); };
-  return py::make_tuple(arr(tokens), arr(parents), arr(depth), arr(logprob), arr(score), arr(counts));
+  using treespec::lookup::to_numpy;
+  return py::make_tuple(to_numpy(std::move(tokens)), to_numpy(std::move(parents)), to_numpy(std::move(depth)),
+                        to_numpy(std::move(logprob)), to_numpy(std::move(score)), to_numpy(std::move(counts)));
 }
 
 py::dict header_dict(const TrieFile& t) {
@@ -326,8 +324,8 @@ void register_ngram(py::module_& parent) {
             }
             return topk_impl(h, cur.data(), b, k);
           }, py::arg("contexts"), py::arg("k"))
-      .def("lookup_trie_trees", [](const Handle& h, const I32Array& token_ids, const I64Array& rows,
-                                   const I64Array& lengths, const I64Array& budgets, int min_n, int max_n,
+      .def("lookup_trie_trees", [](const Handle& h, const I32Strict& token_ids, const I64Strict& rows,
+                                   const I64Strict& lengths, const I64Strict& budgets, int min_n, int max_n,
                                    int max_matches, int max_depth, int k, int min_context,
                                    double lookup_weight, bool chain) {
             treespec::lookup::LookupTrieParams prm;
