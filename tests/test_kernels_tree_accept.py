@@ -12,7 +12,7 @@ import torch
 from vllm_treespec.kernels.testing import poison_, triton_mode_problem
 from vllm_treespec.verify.accept import accept
 from vllm_treespec.verify.sampling_params import greedy_tokens
-from vllm_treespec.verify.testing import random_tree_batch
+from vllm_treespec.verify.testing import biased_logits, random_tree_batch
 
 if (_why := triton_mode_problem()) is not None:
     pytest.skip(_why, allow_module_level=True)
@@ -20,22 +20,6 @@ if (_why := triton_mode_problem()) is not None:
 from vllm_treespec.kernels.tree_accept import greedy_tree_accept  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _biased_logits(rng: np.random.Generator, tree: dict, vocab: int, follow: float
-                   ) -> torch.Tensor:
-    """Random logits where, with probability ``follow``, a node's argmax is a child's token."""
-    tokens, parents, offsets = (tree[k].tolist() for k in ("tokens", "parents", "offsets"))
-    logits = torch.from_numpy(rng.standard_normal((len(tokens), vocab)).astype(np.float32))
-    for b in range(len(offsets) - 1):
-        lo, hi = offsets[b], offsets[b + 1]
-        kids: dict[int, list[int]] = {}
-        for i in range(lo + 1, hi):
-            kids.setdefault(lo + parents[i], []).append(tokens[i])
-        for row, toks in kids.items():
-            if rng.random() < follow:
-                logits[row, toks[int(rng.integers(len(toks)))]] += 10.0
-    return logits
 
 
 def _tree(rng, sizes, vocab, max_children):
@@ -52,7 +36,7 @@ def test_matches_torch_greedy_rule(seed, sizes, vocab, max_children):
     rng = np.random.default_rng(seed)
     for follow in (0.3, 0.95):
         tree = _tree(rng, sizes, vocab, max_children)
-        logits = _biased_logits(rng, tree, vocab, follow)
+        logits = biased_logits(rng, tree, vocab, follow, boost=10.0)
         want = accept(tree, logits, mode="greedy")
         width = want.emitted.shape[1]
         dev = {k: v.to(DEVICE) for k, v in tree.items()}
@@ -70,7 +54,7 @@ def test_int32_inputs_and_width_cut():
     csrc/verify/greedy_walk.cpp."""
     rng = np.random.default_rng(4)
     tree = _tree(rng, [40, 12, 1], 4, 2)
-    logits = _biased_logits(rng, tree, 4, 1.0)
+    logits = biased_logits(rng, tree, 4, 1.0, boost=10.0)
     full = accept(tree, logits, mode="greedy")
     i32 = {k: v.to(torch.int32).to(DEVICE) for k, v in tree.items()}
     target = greedy_tokens(logits).to(torch.int32).to(DEVICE)
@@ -88,7 +72,7 @@ def test_outputs_fully_written():
     """Every output entry is written (buffers come from torch.empty; poison them to check)."""
     rng = np.random.default_rng(5)
     tree = _tree(rng, [9, 1, 20], 5, 3)
-    target = greedy_tokens(_biased_logits(rng, tree, 5, 0.9))
+    target = greedy_tokens(biased_logits(rng, tree, 5, 0.9, boost=10.0))
     import vllm_treespec.kernels.tree_accept as mod
 
     real_empty = torch.empty

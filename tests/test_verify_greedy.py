@@ -6,26 +6,10 @@ import pytest
 import torch
 
 from vllm_treespec.verify import SamplingParamsBatch, accept
-from vllm_treespec.verify.testing import greedy_reference, random_tree_batch
+from vllm_treespec.verify.testing import biased_logits, greedy_reference, random_tree_batch
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def _biased_logits(rng: np.random.Generator, tree, vocab: int) -> torch.Tensor:
-    """Random logits where most nodes' argmax is one of their children, so paths get long."""
-    tokens, parents = tree["tokens"].tolist(), tree["parents"].tolist()
-    offsets = tree["offsets"].tolist()
-    logits = torch.tensor(rng.normal(0, 1, (len(tokens), vocab)), dtype=torch.float32)
-    for b in range(len(offsets) - 1):
-        lo, hi = offsets[b], offsets[b + 1]
-        kids: dict[int, list[int]] = {}
-        for i in range(lo + 1, hi):
-            kids.setdefault(lo + parents[i], []).append(tokens[i])
-        for row, toks in kids.items():
-            if rng.random() < 0.75:
-                logits[row, toks[int(rng.integers(len(toks)))]] = 5.0
-    return logits
 
 
 def _check_against_reference(tree, logits, res):
@@ -52,7 +36,7 @@ def test_greedy_matches_brute_force(vocab):
     for _ in range(8):
         sizes = rng.integers(1, 30, size=int(rng.integers(1, 9))).tolist()
         tree = random_tree_batch(rng, sizes, vocab)
-        logits = _biased_logits(rng, tree, vocab)
+        logits = biased_logits(rng, tree, vocab, follow=0.75, boost=5.0)
         res = accept(tree, logits, mode="greedy")
         _check_against_reference(tree, logits, res)
 
@@ -63,7 +47,7 @@ def test_temperature_zero_requests_are_greedy_in_stochastic_modes(mode):
     vocab = 9
     sizes = rng.integers(1, 25, size=12).tolist()
     tree = random_tree_batch(rng, sizes, vocab)
-    logits = _biased_logits(rng, tree, vocab)
+    logits = biased_logits(rng, tree, vocab, follow=0.75, boost=5.0)
     draft = torch.softmax(torch.randn(logits.shape, generator=torch.Generator().manual_seed(0)), -1)
     # Greedy requests mixed with sampled ones; filters set on greedy rows must not matter.
     temps = [0.0 if b % 2 == 0 else 0.9 for b in range(len(sizes))]

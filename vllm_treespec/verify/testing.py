@@ -47,6 +47,24 @@ def random_tree_batch(
     }
 
 
+def biased_logits(rng: np.random.Generator, tree: Mapping[str, torch.Tensor], vocab: int,
+                  follow: float, boost: float) -> torch.Tensor:
+    """float32 [nodes, vocab] standard-normal logits of a `random_tree_batch` tree where, with
+    probability `follow`, a node's row gets `boost` added at one of its children's tokens, so
+    greedy paths get long."""
+    tokens, parents, offsets = (tree[k].tolist() for k in ("tokens", "parents", "offsets"))
+    logits = torch.from_numpy(rng.standard_normal((len(tokens), vocab)).astype(np.float32))
+    for b in range(len(offsets) - 1):
+        lo, hi = offsets[b], offsets[b + 1]
+        kids: dict[int, list[int]] = {}
+        for i in range(lo + 1, hi):
+            kids.setdefault(lo + parents[i], []).append(tokens[i])
+        for row, toks in kids.items():
+            if rng.random() < follow:
+                logits[row, toks[int(rng.integers(len(toks)))]] += boost
+    return logits
+
+
 def _children(parents: Sequence[int]) -> dict[int, list[int]]:
     kids: dict[int, list[int]] = {}
     for i, par in enumerate(parents):
