@@ -52,7 +52,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="K values for vLLM's ngram (default: -k); the fastest is the reference")
     p.add_argument("--output", type=Path, default=None,
                    help="JSON path (default: benchmarks/results/bench_serving_<fixture>_<UTC time>.json)")
-    return p.parse_args(argv)
+    ns = p.parse_args(argv)
+    if ns.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {ns.rounds}")
+    return ns
 
 
 def resolve_model(ns: argparse.Namespace) -> tuple[str, Path, dict]:

@@ -207,3 +207,17 @@ def test_median_measurements_keeps_each_rows_median_round():
     assert rates[("off", 1)] == [4.0, 2.0, 1.0]
     two, _ = median_measurements(rounds[:2])                  # even count: the lower middle
     assert two[0].load.wall_s == 2.0
+
+
+def test_bench_serving_refuses_zero_rounds(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_serving.py"
+    spec = importlib.util.spec_from_file_location("bench_serving", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--rounds", "0"])
+    assert "--rounds must be at least 1, got 0" in capsys.readouterr().err
+    assert bench.parse_args(["--rounds", "3"]).rounds == 3
