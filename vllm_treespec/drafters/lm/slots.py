@@ -1,0 +1,78 @@
+"""Cache slots of a draft LM runtime: which request owns which preallocated slot, and what the
+slot holds (the token ids it consumed), with least-recently-used eviction.
+
+Memory is bounded by the number of slots, fixed at construction; a request that cannot get a
+slot drafts nothing that step, it never grows the cache.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Iterable, Sequence
+
+import numpy as np
+
+__all__ = ["SlotTable", "common_prefix"]
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the longest common prefix of two int arrays."""
+    n = min(a.shape[0], b.shape[0])
+    if n == 0:
+        return 0
+    diff = np.nonzero(a[:n] != b[:n])[0]
+    return int(diff[0]) if diff.size else n
+
+
+class SlotTable:
+    """Request id -> slot index, with the tokens each slot's cache was built from."""
+
+    def __init__(self, num_slots: int, max_len: int) -> None:
+        if num_slots < 1:
+            raise ValueError(f"a draft LM cache needs at least one slot, got {num_slots}")
+        self.num_slots = num_slots
+        self.tokens = np.zeros((num_slots, max_len), dtype=np.int64)   # consumed token ids
+        self.length = np.zeros(num_slots, dtype=np.int64)              # valid entries per slot
+        self._owner: OrderedDict[str, int] = OrderedDict()               # LRU order, oldest first
+        self._free = list(range(num_slots - 1, -1, -1))
+
+    def slot(self, req_id: str) -> int | None:
+        return self._owner.get(req_id)
+
+    def admit(self, req_ids: Sequence[str]) -> np.ndarray:
+        """Slots for these requests (bool [B]: got one); evicts the least recently used
+        requests that are not in `req_ids`; new slots start empty."""
+        ok = np.zeros(len(req_ids), dtype=bool)
+        wanted = set(req_ids)
+        for i, r in enumerate(req_ids):
+            s = self._owner.get(r)
+            if s is not None:
+                self._owner.move_to_end(r)
+                ok[i] = True
+                continue
+            if not self._free:
+                victim = next((v for v in self._owner if v not in wanted), None)
+                if victim is None:
+                    continue
+                self._free.append(self._owner.pop(victim))
+            s = self._free.pop()
+            self.length[s] = 0
+            self._owner[r] = s
+            ok[i] = True
+        return ok
+
+    def release(self, req_ids: Iterable[str]) -> None:
+        for r in req_ids:
+            s = self._owner.pop(r, None)
+            if s is not None:
+                self.length[s] = 0
+                self._free.append(s)
+
+    def reuse(self, slot: int, context: np.ndarray) -> int:
+        """How many leading tokens of `context` the slot's cache already holds."""
+        return common_prefix(self.tokens[slot, :self.length[slot]], context)
+
+    def record(self, slot: int, context: np.ndarray) -> None:
+        """The slot's cache now holds exactly `context`."""
+        n = context.shape[0]
+        self.tokens[slot, :n] = context
+        self.length[slot] = n
