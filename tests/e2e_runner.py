@@ -24,6 +24,7 @@ def _proposer_state(worker) -> dict:
         "tracked_requests": None if requests is None else len(requests),
         "drafted": None if requests is None else sum(s.drafted for s in requests.values()),
         "stats": drafter.stats.summary() if hasattr(drafter, "stats") else None,
+        "drafter": getattr(getattr(drafter, "drafter", None), "counters", dict)(),
     }
 
 
@@ -46,6 +47,28 @@ def _generate(llm, prompts: list, params: list, concurrency: int) -> list:
     for i in range(0, len(prompts), concurrency):
         outs.extend(llm.generate(prompts[i:i + concurrency], params[i:i + concurrency], use_tqdm=False))
     return outs
+
+
+def _generate_with_aborts(llm, prompts: list, params: list, abort_after_steps: int) -> list:
+    """All requests at once through the engine's step loop; every other request (even index) is
+    aborted after `abort_after_steps` engine steps, mid-generation. Aborted requests report no
+    tokens (how far they got depends on speculation); the others run to completion."""
+    from vllm.inputs import TokensPrompt
+
+    engine = llm.llm_engine
+    ids = [f"abort-phase-{i}" for i in range(len(prompts))]
+    for rid, p, sp in zip(ids, prompts, params):
+        engine.add_request(rid, TokensPrompt(prompt_token_ids=p) if isinstance(p, list) else p, sp)
+    done: dict = {}
+    steps = 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+        steps += 1
+        if steps == abort_after_steps:
+            engine.abort_request([r for i, r in enumerate(ids) if i % 2 == 0 and r not in done])
+    return [done.get(r) for r in ids]
 
 
 def _metrics(llm) -> dict:
@@ -80,11 +103,16 @@ def main() -> None:
                 a, b = phase["stop_from_probe"]
                 sp.stop = [text[a:b]] if len(text) > b and text[a:b].strip() else None
         t = time.time()
-        outs = _generate(llm, prompts, params, phase["concurrency"])
+        if phase.get("abort_after_steps"):
+            outs = _generate_with_aborts(llm, prompts, params, phase["abort_after_steps"])
+        else:
+            outs = _generate(llm, prompts, params, phase["concurrency"])
         result["phases"].append({
             "name": phase["name"],
             "seconds": time.time() - t,
             "outputs": [
+                {"token_ids": [], "text": "", "finish_reason": "aborted", "stop": None,
+                 "num_logprobs": None} if o is None or o.outputs[0].finish_reason == "abort" else
                 {"token_ids": list(o.outputs[0].token_ids), "text": o.outputs[0].text,
                  "finish_reason": o.outputs[0].finish_reason,
                  "stop": (params[i].stop or [None])[0],

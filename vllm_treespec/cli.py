@@ -46,7 +46,21 @@ def _validate_additional_config(args: list[str]) -> None:
     if not isinstance(raw_spec, dict) or "TreeProposer" not in str(raw_spec.get("model", "")):
         return
     k = raw_spec.get("num_speculative_tokens")
-    from_additional_config(raw_additional, k if isinstance(k, int) else None)
+    cfg = from_additional_config(raw_additional, k if isinstance(k, int) else None)
+    if cfg.drafter.type == "draft_model" and args and not args[0].startswith("-"):
+        from vllm_treespec.drafters.lm.loading import DraftModelSpec, check_draft_model
+
+        tokenizer = _flag_value(args, "--tokenizer") or args[0]
+        check_draft_model(DraftModelSpec(cfg.drafter.path), tokenizer if os.path.isdir(tokenizer) else None)
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
 
 
 _METRICS_DIR: Any = None
@@ -113,6 +127,10 @@ def cmd_config(ns: argparse.Namespace) -> int:
         return 2
     try:
         cfg = load_config(ns.path, ns.num_speculative_tokens)
+        if cfg.drafter.type == "draft_model" and not cfg.drafter.path.startswith("fixture:"):
+            from vllm_treespec.drafters.lm.loading import DraftModelSpec, check_draft_model
+
+            check_draft_model(DraftModelSpec(cfg.drafter.path), None)   # files and architecture
     except ConfigError as e:
         print(f"invalid: {e}", file=sys.stderr)
         return 1

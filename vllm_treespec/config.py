@@ -22,7 +22,7 @@ CONFIGS_DIR = PROJECT_ROOT / "configs"
 DEFAULT_PRESET = "prompt-lookup"
 ADDITIONAL_CONFIG_KEY = "treespec"
 
-__all__ = ["ConfigError", "TreespecConfig", "PromptLookupConfig", "LookupTrieConfig", "load_config", "config_reference"]
+__all__ = ["ConfigError", "TreespecConfig", "PromptLookupConfig", "LookupTrieConfig", "DraftModelConfig", "load_config", "config_reference"]
 
 
 def _check_ngram_range(section: Any, prefix: str) -> None:
@@ -98,8 +98,39 @@ class LookupTrieConfig:
         _check_ngram_range(self, prefix)
 
 
+@dataclasses.dataclass(frozen=True)
+class DraftModelConfig:
+    """An external draft LM (transformer or Mamba, Hugging Face format) drafting trees level by
+    level next to the target (drafters/draft_model.py)."""
+    type: Literal["draft_model"] = spec(doc="Drafter kind.")
+    path: str = spec(doc=(
+        "Local Hugging Face model directory (config.json, weights, tokenizer files; architectures "
+        "Llama, Mistral, Qwen2, Qwen3, Mamba, Mamba-2), or fixture:draft-lm / fixture:mamba-draft-lm. "
+        "Its tokenizer must be the served model's."))
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = spec("auto", doc=(
+        "Drafter weights and cache dtype; auto = the checkpoint's."))
+    memory_mb: float = spec(2048.0, ge=1.0, le=1048576.0, doc=(
+        "Bound on the drafter's weights plus per-request caches; startup fails if one request's "
+        "cache does not fit."))
+    max_cached_requests: int = spec(64, ge=1, le=4096, doc=(
+        "Requests whose drafter cache is kept (least recently used evicted); more requests in one "
+        "step than cache slots draft nothing that step."))
+    topk: int = spec(8, ge=1, le=64, doc="Children considered per expanded node (builders cap it further).")
+    templates: tuple[tuple[int, ...], ...] | None = spec(None, doc=(
+        "tree.builder static: candidate fan-out templates; a UCB bandit per request picks one each "
+        "step (Mamba drafters paper), e.g. [[3, 3, 2, 1], [3, 2, 2, 1, 1], [2, 2, 2, 1, 1, 1]]. "
+        "null = tree.template only."))
+    bandit_ucb: float = spec(0.1, ge=0.0, le=100.0, doc="templates: UCB exploration weight lambda_ucb.")
+
+    def validate(self, prefix: str) -> None:
+        for i, t in enumerate(self.templates or ()):
+            if not t or any(f < 1 for f in t):
+                raise ConfigError(f"{prefix}.templates[{i}]: {list(t)} must be a non-empty list of "
+                                  "fan-outs >= 1")
+
+
 DRAFTERS: dict[str, type] = {"prompt_lookup": PromptLookupConfig, "ngram_trie": NgramTrieConfig,
-                             "lookup_trie": LookupTrieConfig}
+                             "lookup_trie": LookupTrieConfig, "draft_model": DraftModelConfig}
 
 
 BUILDER_NAMES = ("chain", "best_first", "beam", "threshold", "static")
@@ -191,7 +222,7 @@ def _dry_run_build(tree: TreeConfig, prefix: str) -> None:
     from vllm_treespec.tree import BuildError, DepthTable, NgramTable, build_tree
 
     k = max(16, tree.topk or 1, tree.branch or 1, max(tree.template or (1,)))
-    depth = max(tree.max_depth or 1, len(tree.template or ()))
+    depth = max(tree.max_depth or 8, len(tree.template or ()))   # 8 covers the default template
     depth = min(depth, 64)
     tokens = np.tile(np.arange(k, dtype=np.int64), (depth, 1))
     logp = np.log(np.full((depth, k), 1.0 / (k + 1)))
@@ -261,6 +292,7 @@ _DRAFTER_BUILDERS: dict[str, tuple[str, ...]] = {
     "prompt_lookup": ("chain", "best_first"),
     "ngram_trie": BUILDER_NAMES,
     "lookup_trie": ("chain", "best_first"),
+    "draft_model": ("chain", "best_first", "threshold", "static"),
 }
 # Drafters that rank their own tree nodes (match counts, mixture probabilities): of the builder
 # keys only tree.max_depth applies.
@@ -278,6 +310,13 @@ def _check_drafter_tree(cfg: TreespecConfig) -> None:
                           "only tree.max_depth applies (remove the others)")
     if ranking and cfg.tree.scorer != "acc_logp":
         raise ConfigError(f"tree.scorer: {cfg.drafter.type} ranks tree nodes by {ranking}; remove tree.scorer")
+    if cfg.drafter.type == "draft_model":
+        if cfg.drafter.templates and cfg.tree.builder != "static":
+            raise ConfigError(f"drafter.templates: the template bandit needs tree.builder static, not "
+                              f"{cfg.tree.builder!r}; remove drafter.templates or set tree.builder: static")
+        if cfg.tree.scorer != "acc_logp":
+            raise ConfigError("tree.scorer: draft_model trees rank paths by the drafter's accumulated "
+                              "log-prob; remove tree.scorer")
 
 
 def _check_budget(cfg: TreespecConfig, num_speculative_tokens: int) -> None:

@@ -59,7 +59,9 @@ class TreeProposer:
         self.node_budget = self.config.node_budget(self.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.drafter = make_drafter(self.config.drafter, vllm_config.model_config.tokenizer,
-                                    self.config.tree)
+                                    self.config.tree, max_model_len=self.max_model_len,
+                                    max_nodes=self.node_budget,
+                                    vocab_limit=vllm_config.model_config.get_vocab_size())
         self.requests: dict[str, RequestStats] = {}
         self.trees: dict[str, DraftTree] = {}
         self.stats = TreeStats(self.num_speculative_tokens, metrics=make_metrics())

@@ -32,11 +32,14 @@ from typing import Iterable, Protocol, Sequence
 import numpy as np
 import torch
 
+from vllm_treespec.schema import ConfigError
+
 __all__ = ["DraftLM", "DraftModelError"]
 
 
-class DraftModelError(ValueError):
-    """A draft model directory, architecture or memory bound that cannot be served."""
+class DraftModelError(ConfigError):
+    """A draft model directory, architecture or memory bound that cannot be served (a config
+    error: `vllm-treespec serve` and `config check` report it before vLLM starts)."""
 
 
 class DraftLM(Protocol):

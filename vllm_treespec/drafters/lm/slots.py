@@ -34,6 +34,7 @@ class SlotTable:
         self.length = np.zeros(num_slots, dtype=np.int64)              # valid entries per slot
         self._owner: OrderedDict[str, int] = OrderedDict()               # LRU order, oldest first
         self._free = list(range(num_slots - 1, -1, -1))
+        self.evictions = 0
 
     def slot(self, req_id: str) -> int | None:
         return self._owner.get(req_id)
@@ -54,6 +55,7 @@ class SlotTable:
                 if victim is None:
                     continue
                 self._free.append(self._owner.pop(victim))
+                self.evictions += 1
             s = self._free.pop()
             self.length[s] = 0
             self._owner[r] = s

@@ -1,0 +1,143 @@
+"""DraftModelDrafter without an engine: its lockstep trees equal the synchronous builders over
+fresh HF forwards, the bandit learns per request, and bad model directories fail with errors
+naming the key and the fix."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from vllm_treespec.config import parse_config
+from vllm_treespec.drafters import DraftInputs, make_drafter
+from vllm_treespec.drafters.lm import DraftModelError
+from vllm_treespec.tree import Expander, build_tree
+
+VOCAB = 61
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from vllm_treespec.fixtures.qwen3 import Qwen3Shape, new_model
+
+    shape = Qwen3Shape(vocab_size=VOCAB, hidden_size=48, num_layers=2, num_heads=4, num_kv_heads=2,
+                       head_dim=12, intermediate_size=64, max_position_embeddings=256)
+    d = tmp_path_factory.mktemp("draft")
+    new_model(shape, eos_token_id=0, seed=5, init_std=0.3).save_pretrained(str(d), safe_serialization=True)
+    return d
+
+
+def _drafter(model_dir, tree: dict, max_nodes: int = 12, **drafter):
+    cfg = parse_config({"drafter": {"type": "draft_model", "path": str(model_dir), **drafter}, "tree": tree})
+    return make_drafter(cfg.drafter, None, cfg.tree, max_model_len=128, max_nodes=max_nodes)
+
+
+def _inputs(contexts, budgets, req_ids=None):
+    width = max(len(c) for c in contexts) + 4
+    buf = np.zeros((len(contexts), width), dtype=np.int32)
+    for i, c in enumerate(contexts):
+        buf[i, :len(c)] = c
+    return DraftInputs(req_ids=req_ids or [f"r{i}" for i in range(len(contexts))], token_ids=buf,
+                       rows=np.arange(len(contexts)), num_tokens=np.array([len(c) for c in contexts]),
+                       budgets=np.asarray(budgets, dtype=np.int64))
+
+
+def _reference_tree(model, context, builder, budget, params):
+    """The synchronous builder over an Expander that runs a fresh HF forward per path."""
+    def fn(paths, k):
+        toks, lps = [], []
+        for p in paths:
+            ids = torch.as_tensor(list(context) + list(p))[None]
+            with torch.inference_mode():
+                lp = torch.log_softmax(model(input_ids=ids).logits[0, -1].float(), -1)
+            top = torch.topk(lp, k)
+            toks.append(top.indices.numpy()), lps.append(top.values.double().numpy())
+        return np.stack(toks), np.stack(lps)
+    return build_tree(builder, Expander(fn, root=int(context[-1]), context=context), budget, **params)
+
+
+@pytest.mark.parametrize("builder,tree,params", [
+    ("threshold", {"branch": 3, "max_depth": 4, "tau": 0.02}, {"branch": 3, "max_depth": 4, "tau": 0.02}),
+    ("static", {"template": [3, 2, 1]}, {"template": (3, 2, 1)}),
+    ("chain", {"max_depth": 5}, {"max_depth": 5}),
+    ("best_first", {"max_depth": 4}, {"max_depth": 4, "topk": 8}),
+])
+def test_lockstep_trees_equal_synchronous_builders(model_dir, builder, tree, params):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+    drafter = _drafter(model_dir, {"builder": builder, **tree})
+    rng = np.random.default_rng(3)
+    contexts = [rng.integers(1, VOCAB, size=n) for n in (6, 13, 2)]
+    budgets = [10, 0, 7]
+    for step in range(3):
+        trees = drafter.propose(_inputs(contexts, budgets))
+        for i, ctx in enumerate(contexts):
+            if budgets[i] == 0:
+                assert trees[i].num_draft == 0
+                continue
+            ref = _reference_tree(model, ctx, builder, budgets[i], params)
+            assert trees[i].tokens.tolist() == ref.tokens.tolist(), (step, i)
+            assert trees[i].parents.tolist() == ref.parents.tolist(), (step, i)
+            np.testing.assert_allclose(trees[i].score, ref.score, atol=1e-4)
+        # commit a random accepted prefix of each tree's first chain plus a bonus token
+        contexts = [np.concatenate([c, rng.integers(1, VOCAB, size=int(rng.integers(1, 4)))]) for c in contexts]
+
+
+def test_bandit_learns_per_request_and_forgets_finished(model_dir):
+    drafter = _drafter(model_dir, {"builder": "static"}, templates=[[2, 1], [1, 1, 1, 1]])
+    ctx = np.arange(1, 9)
+    for step in range(6):
+        drafter.propose(_inputs([ctx], [8], ["a"]))
+        ctx = np.concatenate([ctx, [3, 4]])                  # two tokens committed per step
+    bandit = drafter.bandits["a"]
+    assert sum(bandit.counts) == 5 and min(bandit.counts) >= 1
+    drafter.on_requests_finished(["a"])
+    assert "a" not in drafter.bandits and drafter.lm.cached_tokens("a") == 0
+
+
+def _copy(model_dir, tmp_path):
+    d = tmp_path / "m"
+    shutil.copytree(model_dir, d)
+    return d
+
+
+def test_bad_model_directories_name_the_key_and_fix(model_dir, tmp_path):
+    with pytest.raises(DraftModelError, match="drafter.path: .* is not a directory"):
+        _drafter(tmp_path / "missing", {"builder": "chain"})
+    d = _copy(model_dir, tmp_path)
+    (d / "config.json").unlink()
+    with pytest.raises(DraftModelError, match="no config.json"):
+        _drafter(d, {"builder": "chain"})
+    shutil.rmtree(d)
+    d = _copy(model_dir, tmp_path)
+    for f in d.glob("*.safetensors"):
+        f.unlink()
+    with pytest.raises(DraftModelError, match="has no weights"):
+        _drafter(d, {"builder": "chain"})
+    shutil.rmtree(d)
+    d = _copy(model_dir, tmp_path)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "architectures": ["BertForMaskedLM"]}))
+    with pytest.raises(DraftModelError, match="'BertForMaskedLM'.*supported: LlamaForCausalLM"):
+        _drafter(d, {"builder": "chain"})
+    with pytest.raises(DraftModelError, match="drafter.memory_mb: 0.01 MB cannot hold"):
+        _drafter(model_dir, {"builder": "chain"}, memory_mb=0.01)
+
+
+def test_tokenizer_mismatch_is_a_startup_error(tmp_path):
+    from vllm_treespec.drafters.lm.loading import DraftModelSpec, check_draft_model
+    from vllm_treespec.fixtures import build_fixture
+
+    tiny = build_fixture("tiny")              # its own BPE tokenizer, unlike the draft fixtures
+    draft = _copy(tiny, tmp_path)
+    check_draft_model(DraftModelSpec(str(draft)), str(tiny))      # same tokenizer: fine
+    tok = json.loads((draft / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    a, b = list(vocab)[5:7]
+    vocab[a], vocab[b] = vocab[b], vocab[a]                        # two ids swapped
+    (draft / "tokenizer.json").write_text(json.dumps(tok))
+    with pytest.raises(DraftModelError, match="tokenizer .* differs from the served model's"):
+        check_draft_model(DraftModelSpec(str(draft)), str(tiny))

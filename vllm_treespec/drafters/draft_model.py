@@ -1,0 +1,180 @@
+"""DraftModelDrafter: an external draft LM (transformer or Mamba, drafters/lm/) drafts each
+request's tree autoregressively, one batched drafter call per tree level over the frontier of
+every request in the step.
+
+Per step: the runtime catches each request's cache up to its committed tokens (one call, whose
+last rows give the root's children), then the configured builder (chain, threshold = DynaTree,
+static templates, best_first) runs for all requests in lockstep (tree/lockstep.py): whenever
+every builder waits for children, one `extend` call computes them all. Only nodes a builder
+expands are run through the drafter; leaves cost nothing until verified.
+
+Templates: with `drafter.templates` (static builder), a UCB bandit per request picks the
+template each step (tree/bandit.py) and learns from the tokens the previous step committed. Its
+lambda_gamma (drafter cost per level over the target's step cost) is measured online: the
+drafter's own seconds per level over the wall time between two drafting calls minus drafting.
+
+Drafts are the drafter's top-k children (deterministic), so sampled requests are verified with
+the target-only rule, which is exact for any fixed candidate set.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from vllm_treespec.drafters.base import DraftInputs
+from vllm_treespec.drafters.lm.base import DraftLM
+from vllm_treespec.drafters.lm.loading import DraftModelSpec, load_draft_lm
+from vllm_treespec.tree import DraftTree
+from vllm_treespec.tree.bandit import TemplateBandit
+from vllm_treespec.tree.lockstep import builder_steps, run_lockstep
+
+__all__ = ["DraftModelDrafter"]
+
+
+class _Timing:
+    """Online lambda_gamma for the bandit reward: drafter seconds per level / target seconds per step."""
+
+    def __init__(self) -> None:
+        self.level_s = 0.0
+        self.levels = 0
+        self.target_s = 0.0
+        self.steps = 0
+        self.last_end: float | None = None
+
+    def observe(self, started: float, ended: float, levels: int) -> None:
+        if self.last_end is not None:
+            self.target_s += max(started - self.last_end, 0.0)
+            self.steps += 1
+        self.last_end = ended
+        self.level_s += ended - started
+        self.levels += max(levels, 1)
+
+    def lambda_gamma(self, default: float = 0.05) -> float:
+        if self.steps < 4 or self.target_s <= 0:
+            return default
+        return (self.level_s / self.levels) / (self.target_s / self.steps)
+
+
+class DraftModelDrafter:
+    name = "draft_model"
+    uses_target_states = False
+
+    def __init__(self, cfg: Any, tokenizer_dir: str | None, tree_config: Any, *, max_model_len: int,
+                 max_nodes: int, vocab_limit: int | None = None) -> None:
+        self.cfg = cfg
+        self.builder = tree_config.builder if tree_config is not None else "chain"
+        self.params = tree_config.builder_params() if tree_config is not None else {}
+        if self.builder == "best_first":
+            self.params.setdefault("topk", cfg.topk)
+        self.templates = tuple(tuple(t) for t in cfg.templates) if cfg.templates else None
+        self.bandits: dict[str, TemplateBandit] = {}
+        self.last_draft: dict[str, tuple[int, int]] = {}     # req -> (arm, committed tokens then)
+        self.timing = _Timing()
+        self.no_slot = 0          # request-steps that drafted nothing for want of a cache slot
+        self.lm: DraftLM = load_draft_lm(
+            DraftModelSpec(cfg.path, cfg.dtype, cfg.memory_mb, cfg.max_cached_requests),
+            served_tokenizer=tokenizer_dir, max_len=max_model_len, max_tree_nodes=max_nodes + 1,
+            vocab_limit=vocab_limit)
+
+    def load(self, target_model: Any) -> None:
+        """The draft model is separate from the target; it was loaded (and checked) at construction."""
+
+    def on_requests_finished(self, req_ids: Sequence[str]) -> None:
+        self.lm.release(req_ids)
+        for r in req_ids:
+            self.bandits.pop(r, None)
+            self.last_draft.pop(r, None)
+
+    def counters(self) -> dict[str, int]:
+        """Drafter-side counts for tests and reports."""
+        return {"no_slot": self.no_slot, "evictions": self.lm.slots.evictions}
+
+    # -- drafting ------------------------------------------------------------------------
+    def propose(self, inputs: DraftInputs) -> list[DraftTree]:
+        started = time.perf_counter()
+        n = len(inputs)
+        trees = [DraftTree.chain(inputs.root(i) if inputs.num_tokens[i] > 0 else 0, [])
+                 for i in range(n)]
+        want = np.nonzero(np.asarray(inputs.budgets) > 0)[0]
+        if want.size == 0:
+            return trees
+        ids = [inputs.req_ids[i] for i in want.tolist()]
+        ok = self.lm.admit(ids)
+        self.no_slot += int((~ok).sum())
+        want, ids = want[ok], [r for r, o in zip(ids, ok.tolist()) if o]
+        if want.size == 0:
+            return trees
+        contexts = [np.asarray(inputs.context(i, int(inputs.num_tokens[i])), dtype=np.int64)
+                    for i in want.tolist()]
+        root_lp = self.lm.start_step(ids, contexts)
+        gens = []
+        for j, i in enumerate(want.tolist()):
+            params = dict(self.params)
+            if self.templates is not None:
+                params["template"] = self.templates[self._choose_arm(ids[j], contexts[j].shape[0])]
+            gens.append(builder_steps(self.builder, int(contexts[j][-1]), int(inputs.budgets[i]), **params))
+        expander = _LevelExpander(self.lm, root_lp)
+        built = run_lockstep(gens, expander)
+        for j, i in enumerate(want.tolist()):
+            trees[i] = built[j]
+        self.timing.observe(started, time.perf_counter(), expander.calls + 1)
+        return trees
+
+    def _choose_arm(self, req_id: str, committed: int) -> int:
+        bandit = self.bandits.get(req_id)
+        if bandit is None:
+            bandit = self.bandits[req_id] = TemplateBandit(self.templates, lambda_ucb=self.cfg.bandit_ucb,
+                                                           seed=0)
+        last = self.last_draft.get(req_id)
+        if last is not None and committed > last[1]:
+            bandit.lambda_gamma = self.timing.lambda_gamma(bandit.lambda_gamma)
+            bandit.update(last[0], accepted_len=committed - last[1])
+        arm = bandit.choose()
+        self.last_draft[req_id] = (arm, committed)
+        return arm
+
+
+class _LevelExpander:
+    """`run_lockstep`'s batched expansion: one `extend` call over every path all builders wait
+    on. A path's node is run through the drafter when it is expanded; the root's children come
+    from the catch-up call. Paths map to runtime node ids per request (siblings are distinct)."""
+
+    def __init__(self, lm: DraftLM, root_logprobs: torch.Tensor) -> None:
+        self.lm = lm
+        self.root_lp = root_logprobs
+        self.node_of: dict[tuple[int, tuple[int, ...]], int] = {}
+        self.next_id: dict[int, int] = {}
+        self.calls = 0
+
+    def __call__(self, requests: Sequence[Any]) -> list[tuple[np.ndarray, np.ndarray]]:
+        rows: list[tuple[int, int, bool]] = []     # (request, row in root_lp or extend output, is_root)
+        req_index, parent, tokens = [], [], []
+        for req in requests:
+            b, paths = int(req[0]), req[1]
+            for path in paths:
+                if not path:
+                    rows.append((b, b, True))
+                    continue
+                req_index.append(b)
+                parent.append(self.node_of[(b, tuple(path[:-1]))] if len(path) > 1 else 0)
+                tokens.append(int(path[-1]))
+                node = self.next_id.get(b, 1)
+                self.next_id[b] = node + 1
+                self.node_of[(b, tuple(path))] = node
+                rows.append((b, len(req_index) - 1, False))
+        lp = None
+        if req_index:
+            self.calls += 1
+            lp = self.lm.extend(np.asarray(req_index), np.asarray(parent), np.asarray(tokens))
+        out, r = [], 0
+        for req in requests:
+            k = int(req[2])
+            sel = [rows[r + m] for m in range(len(req[1]))]
+            r += len(req[1])
+            dist = torch.stack([self.root_lp[row] if is_root else lp[row] for _, row, is_root in sel])
+            top = torch.topk(dist, k=min(k, dist.shape[-1]), dim=-1)
+            out.append((top.indices.numpy(), top.values.double().numpy()))
+        return out
