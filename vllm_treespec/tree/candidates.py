@@ -26,7 +26,8 @@ from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-__all__ = ["DepthTable", "Expander", "NgramSignal", "as_ngram_signal", "CandidateError"]
+__all__ = ["DepthTable", "Expander", "NgramSignal", "as_ngram_signal", "CandidateError",
+           "clean_children"]
 
 
 class CandidateError(ValueError):
@@ -191,24 +192,42 @@ class Expander:
             return []
         self.calls += 1
         tok, lp = self.fn(paths, k)
-        tok = np.asarray(tok.cpu() if hasattr(tok, "cpu") else tok)
-        lp = np.asarray(lp.cpu() if hasattr(lp, "cpu") else lp, dtype=np.float64)
-        if tok.ndim != 2 or tok.shape[0] != len(paths) or tok.shape[1] > k or lp.shape != tok.shape:
-            raise CandidateError(
-                f"expander returned tokens {tok.shape} / logprobs {lp.shape}; expected "
-                f"[{len(paths)}, <= {k}] each")
-        out = []
-        for row_t, row_l in zip(tok.astype(np.int64).tolist(), lp.tolist()):
-            seen: set[int] = set()
-            keep = []
-            for j, (t, l) in enumerate(zip(row_t, row_l)):
-                if t < 0 or t in seen:
-                    continue
-                if not math.isfinite(l) or l > 1e-6:
-                    raise CandidateError(f"expander log-prob {l} for token {t} is not finite <= 0")
-                seen.add(t)
-                keep.append((-l, j, t, l))
-            keep.sort()
-            out.append((np.array([x[2] for x in keep], dtype=np.int64),
-                        np.array([x[3] for x in keep], dtype=np.float64)))
-        return out
+        return clean_children(tok, lp, len(paths), k)
+
+
+def clean_children(tokens, logprobs, n_paths: int, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Validate and clean one batch of raw expander output for `n_paths` paths asked for `k`.
+
+    ``tokens`` int [n_paths, <= k] and ``logprobs`` [n_paths, <= k] (numpy, torch on any device,
+    or nested lists): per path its children's token ids, -1 padding anywhere. Per row, -1 entries
+    and repeated tokens (first kept) are dropped, the rest ordered by log-prob, highest first
+    (ties keep the given order), so rank 0 is the top-1 child. Raises `CandidateError` on a wrong
+    shape or a kept log-prob that is not finite and <= 0. This is the one cleaning step every
+    expansion goes through (`Expander.expand`, `vllm_treespec.tree.lockstep.run_lockstep`).
+
+    Example:
+        >>> [(t.tolist(), l.tolist()) for t, l in clean_children([[5, -1, 7, 5]],
+        ...                                                      [[-2., 0., -1., -.5]], 1, 4)]
+        [([7, 5], [-1.0, -2.0])]
+    """
+    tok = np.asarray(tokens.cpu() if hasattr(tokens, "cpu") else tokens)
+    lp = np.asarray(logprobs.cpu() if hasattr(logprobs, "cpu") else logprobs, dtype=np.float64)
+    if tok.ndim != 2 or tok.shape[0] != n_paths or tok.shape[1] > k or lp.shape != tok.shape:
+        raise CandidateError(
+            f"expander returned tokens {tok.shape} / logprobs {lp.shape}; expected "
+            f"[{n_paths}, <= {k}] each")
+    out = []
+    for row_t, row_l in zip(tok.astype(np.int64).tolist(), lp.tolist()):
+        seen: set[int] = set()
+        keep = []
+        for j, (t, l) in enumerate(zip(row_t, row_l)):
+            if t < 0 or t in seen:
+                continue
+            if not math.isfinite(l) or l > 1e-6:
+                raise CandidateError(f"expander log-prob {l} for token {t} is not finite <= 0")
+            seen.add(t)
+            keep.append((-l, j, t, l))
+        keep.sort()
+        out.append((np.array([x[2] for x in keep], dtype=np.int64),
+                    np.array([x[3] for x in keep], dtype=np.float64)))
+    return out

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Generator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -17,6 +17,50 @@ DEFAULT_EXPANDER_DEPTH = 8
 
 class BuildError(ValueError):
     """Bad builder name, parameter or candidates; the message names the parameter and range."""
+
+
+class Expansion(NamedTuple):
+    """One expansion request a builder's step generator yields (Expander candidates only).
+
+    The generator expects back exactly what ``Expander.expand(paths, k)`` returns: one cleaned
+    ``(tokens int64[m], logprobs float64[m])`` pair per path, m <= k, rank 0 first
+    (`vllm_treespec.tree.candidates.clean_children`). ``paths`` is never empty.
+
+    ``node_ids[i]`` is the builder's internal id of the node ``paths[i]`` ends at and
+    ``parent_ids[i]`` the id of its parent (-1 for the root). Ids number the nodes of one
+    request's tree in creation order, root = 0 (`Nodes`); a node is created when its parent's
+    expansion returns it, so a node's parent was always expanded in an earlier request. They
+    are not the final DraftTree's indices in general (best_first outputs nodes in pop order and
+    drops nodes it created but never picked).
+    """
+    paths: list[tuple[int, ...]]
+    k: int
+    node_ids: list[int]
+    parent_ids: list[int]
+
+
+# A builder's step generator: yields Expansions, is sent the cleaned children, returns its tree.
+Steps = Generator[Expansion, "list[tuple[np.ndarray, np.ndarray]]", DraftTree]
+
+
+def drive(steps: Steps, cand) -> DraftTree:
+    """Run a step generator to its tree, answering each Expansion with ``cand.expand``."""
+    try:
+        req = next(steps)
+    except StopIteration as done:
+        return done.value
+    while True:
+        kids = cand.expand(req.paths, req.k)
+        try:
+            req = steps.send(kids)
+        except StopIteration as done:
+            return done.value
+
+
+def finished(build, *args) -> Steps:
+    """A step generator that expands nothing and returns ``build(*args)`` (run on first next)."""
+    return build(*args)
+    yield  # unreachable: makes this function a generator
 
 
 def check_int(builder: str, name: str, value: Any, lo: int, hi: int) -> int:
@@ -97,7 +141,8 @@ class Scoring:
         if getattr(self.scorer, "needs_rho", False) and self.rho is None:
             raise BuildError(
                 f"builder {builder!r}: scorer {getattr(self.scorer, 'name', self.scorer)!r} "
-                f"needs an n-gram signal: pass rho= to the {type(cand).__name__}")
+                f"needs an n-gram signal: pass rho= to the "
+                f"{getattr(cand, 'rho_owner', type(cand).__name__)}")
         self.linear = isinstance(self.scorer, LinearScorer)
         self.base_ctx = cand.context + (cand.root,)
         self.table = cand if isinstance(cand, DepthTable) else None
@@ -179,6 +224,11 @@ class Nodes:
 
     def __len__(self) -> int:
         return len(self.parent)
+
+    def expansion(self, vs: Sequence[int], k: int) -> Expansion:
+        """The request to expand nodes `vs` (ids) with their top-`k` children."""
+        return Expansion([self.path(v) for v in vs], int(k), list(vs),
+                         [self.parent[v] for v in vs])
 
     def path(self, v: int) -> tuple[int, ...]:
         out = []

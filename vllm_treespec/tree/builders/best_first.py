@@ -14,6 +14,12 @@ the same and the work per pop is O(log heap) instead of O(b log heap).
 ``greedy_spine=True`` always keeps the chain of best children (the drafter's top-1 chain under
 acc_logp) to depth min(max_depth, budget) and fills the remaining budget best-first; the output
 is then ordered by (min score along the path desc, depth, position path), still topological.
+
+`best_first_steps` is the same builder as a step generator (`_common.Expansion`): with an Expander
+it yields one request per node whose children it needs (one path: the root, then each popped
+node, and with greedy_spine first each spine node) instead of calling ``expand``. Children are
+fetched lazily, the first time a node's children are needed, so the requests come in the same
+order and number as the synchronous builder's ``expand`` calls.
 """
 from __future__ import annotations
 
@@ -24,9 +30,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from vllm_treespec.tree.builders import _native
-from vllm_treespec.tree.builders._common import (MAX_BUDGET, Nodes, Scoring, check_bool,
-                                                  check_candidates, check_int, resolve_depth,
-                                                  resolve_topk)
+from vllm_treespec.tree.builders._common import (MAX_BUDGET, Nodes, Scoring, Steps, check_bool,
+                                                  check_candidates, check_int, drive, finished,
+                                                  resolve_depth, resolve_topk)
 from vllm_treespec.tree.candidates import DepthTable
 from vllm_treespec.tree.draft_tree import DraftTree
 
@@ -49,6 +55,19 @@ def build_best_first(candidates, budget: int, *, topk: int | Sequence[int] | Non
         >>> build_tree("best_first", t, budget=3).draft_token_ids()   # .6, .48, .3
         [4, 2, 9]
     """
+    return drive(best_first_steps(candidates, budget, topk=topk, max_depth=max_depth,
+                                  scorer=scorer, scorer_params=scorer_params,
+                                  greedy_spine=greedy_spine, backend=backend), candidates)
+
+
+def best_first_steps(candidates, budget: int, *, topk: int | Sequence[int] | None = None,
+                     max_depth: int | None = None, scorer: Any = "acc_logp",
+                     scorer_params: Mapping[str, Any] | None = None, greedy_spine: bool = False,
+                     backend: str = "auto") -> Steps:
+    """`build_best_first` as a step generator; parameters are checked here, before the first step.
+
+    The C++ path (DepthTable only) expands nothing: its generator just returns the tree.
+    """
     cand = check_candidates("best_first", candidates)
     budget = check_int("best_first", "budget", budget, 0, MAX_BUDGET)
     depth = resolve_depth("best_first", cand, max_depth)
@@ -57,13 +76,21 @@ def build_best_first(candidates, budget: int, *, topk: int | Sequence[int] | Non
     greedy_spine = check_bool("best_first", "greedy_spine", greedy_spine)
     scoring = Scoring("best_first", cand, scorer, scorer_params)
     if _native.use_cpp("best_first", backend, cand, scoring, depth):
-        return _native.best_first_cpp(cand, scoring, depth, per_level, budget, greedy_spine)
-    return best_first_python(cand, budget, depth, per_level, scoring, greedy_spine)
+        return finished(_native.best_first_cpp, cand, scoring, depth, per_level, budget,
+                        greedy_spine)
+    return best_first_python_steps(cand, budget, depth, per_level, scoring, greedy_spine)
 
 
 def best_first_python(cand, budget: int, depth: int, per_level: list[int], scoring: Scoring,
                       greedy_spine: bool) -> DraftTree:
     """Reference implementation (same order of float ops and tie-breaks as the C++ one)."""
+    return drive(best_first_python_steps(cand, budget, depth, per_level, scoring, greedy_spine),
+                 cand)
+
+
+def best_first_python_steps(cand, budget: int, depth: int, per_level: list[int],
+                            scoring: Scoring, greedy_spine: bool) -> Steps:
+    """The reference implementation as a step generator (`best_first_python` drives it)."""
     table = cand if isinstance(cand, DepthTable) else None
     nodes = Nodes(cand.root)
     pos, pospath, key = [0], [()], [math.inf]
@@ -77,10 +104,8 @@ def best_first_python(cand, budget: int, depth: int, per_level: list[int], scori
             return scoring.level(level)[1] == 0.0
         return scoring.rho is None
 
-    def children(v: int):
-        got = kids.get(v)
-        if got is not None:
-            return got
+    def fetch(v: int):
+        """Sorted children of v into kids[v]; a step generator (yields v's Expansion if any)."""
         level = nodes.depth[v]
         if level >= depth:
             got = ([], [], [], [])
@@ -91,7 +116,7 @@ def best_first_python(cand, budget: int, depth: int, per_level: list[int], scori
             if table is not None:
                 toks, lq = table.tokens[level, :k], table.logprobs[level, :k]
             else:
-                toks, lq = cand.expand([nodes.path(v)], k)[0]
+                toks, lq = (yield nodes.expansion([v], k))[0]
             inc = scoring.increments(level, nodes.path(v), toks, lq)
             order = np.lexsort((np.arange(inc.shape[0]), -inc))
             got = (order.tolist(), toks[order].tolist(), lq[order].tolist(), inc[order].tolist())
@@ -101,7 +126,7 @@ def best_first_python(cand, budget: int, depth: int, per_level: list[int], scori
         return got
 
     def make_child(v: int, i: int) -> int:
-        ranks, toks, lqs, incs = children(v)
+        ranks, toks, lqs, incs = kids[v]  # fetched before any child of v is made
         s = nodes.score[v] + incs[i]
         c = nodes.add(v, toks[i], lqs[i], s, ranks[i])
         pos.append(i)
@@ -113,14 +138,21 @@ def best_first_python(cand, budget: int, depth: int, per_level: list[int], scori
     spine: set[int] = set()
     if greedy_spine:
         v = 0
-        while len(spine) < budget and children(v)[0]:
+        while len(spine) < budget:
+            if v not in kids:
+                yield from fetch(v)
+            if not kids[v][0]:
+                break
             c = make_child(v, 0)
             spine_child[v] = c
             spine.add(c)
             v = c
 
-    def first_child(v: int) -> int:
-        if not children(v)[0]:
+    def first_child(v: int):
+        """v's best child (made on first use), -1 if none; a step generator like fetch."""
+        if v not in kids:
+            yield from fetch(v)
+        if not kids[v][0]:
             return -1
         c = spine_child.get(v)
         return c if c is not None else make_child(v, 0)
@@ -134,7 +166,7 @@ def best_first_python(cand, budget: int, depth: int, per_level: list[int], scori
     need = budget - len(spine)
     picked = 0
     if budget > 0:
-        c = first_child(0)
+        c = yield from first_child(0)
         if c >= 0:
             push(c)
     while picked < need and heap:
@@ -142,7 +174,7 @@ def best_first_python(cand, budget: int, depth: int, per_level: list[int], scori
         selected.append(v)
         if v not in spine:
             picked += 1
-        c = first_child(v)
+        c = yield from first_child(v)
         if c >= 0:
             push(c)
         p = nodes.parent[v]

@@ -4,13 +4,17 @@ Every node at depth d gets the top template[d] children of depth d+1, so the sha
 on the template and the budget, never on the scores (predictable verify cost). Nodes are laid out
 breadth-first (parents in order, children by rank); over budget, the breadth-first prefix is kept,
 so ``build(budget=n) == build(budget=N).prefix(n)``.
+
+`static_steps` is the same builder as a step generator (`_common.Expansion`): with an Expander it
+yields one request per level (all of that level's nodes) instead of calling ``expand``, so
+`vllm_treespec.tree.lockstep` can batch many requests' levels into one drafter call.
 """
 from __future__ import annotations
 
 from typing import Sequence
 
-from vllm_treespec.tree.builders._common import (MAX_BUDGET, MAX_DEPTH, BuildError, Nodes,
-                                                  check_candidates, check_int)
+from vllm_treespec.tree.builders._common import (MAX_BUDGET, MAX_DEPTH, BuildError, Nodes, Steps,
+                                                  check_candidates, check_int, drive)
 from vllm_treespec.tree.candidates import DepthTable
 from vllm_treespec.tree.draft_tree import DraftTree
 
@@ -41,9 +45,17 @@ def build_static(candidates, budget: int, *,
         >>> build_tree("static", t, budget=8, template=(2, 1)).parents.tolist()
         [-1, 0, 0, 1, 2]
     """
+    return drive(static_steps(candidates, budget, template=template), candidates)
+
+
+def static_steps(candidates, budget: int, *, template: Sequence[int] = DEFAULT_TEMPLATE) -> Steps:
+    """`build_static` as a step generator; parameters are checked here, before the first step."""
     cand = check_candidates("static", candidates)
     budget = check_int("static", "budget", budget, 0, MAX_BUDGET)
-    tpl = check_template("static", template, cand)
+    return _static(cand, budget, check_template("static", template, cand))
+
+
+def _static(cand, budget: int, tpl: tuple[int, ...]) -> Steps:
     nodes = Nodes(cand.root)
     level_nodes = [0]
     for level, fan in enumerate(tpl):
@@ -55,7 +67,7 @@ def build_static(candidates, budget: int, *,
             kids = [row] * len(level_nodes)
         else:
             kids = [(t.tolist(), l.tolist())
-                    for t, l in cand.expand([nodes.path(v) for v in level_nodes], fan)]
+                    for t, l in (yield nodes.expansion(level_nodes, fan))]
         new = []
         for v, (toks, lps) in zip(level_nodes, kids):
             for r, (tok, lp) in enumerate(zip(toks[:fan], lps[:fan])):
