@@ -15,6 +15,10 @@ Example:
     >>> TreeBatch.from_trees([tree, tree.prefix(1)]).offsets.tolist()
     [0, 4, 6]
 
+An autoregressive drafter that expands many requests' trees level by level runs the builders in
+lockstep instead (`builder_steps` + `run_lockstep`, `vllm_treespec.tree.lockstep`): one batched
+expansion per round over all requests, the same trees as `build_tree` with an `Expander`.
+
 `TreeBatch` (and torch) load on first use, so building trees does not import torch.
 """
 from __future__ import annotations
@@ -26,8 +30,9 @@ from vllm_treespec.tree.builders import (BUILDERS, BuildError, build_beam, build
                                          build_chain, build_static, build_threshold, build_tree,
                                          builder_params)
 from vllm_treespec.tree.candidates import (CandidateError, DepthTable, Expander, NgramSignal,
-                                           as_ngram_signal)
+                                           as_ngram_signal, clean_children)
 from vllm_treespec.tree.draft_tree import DraftTree, TreeValidationError
+from vllm_treespec.tree.lockstep import ExpandRequest, builder_steps, run_lockstep
 from vllm_treespec.tree.ngram_table import NgramTable
 from vllm_treespec.tree.scorers import (SCORERS, AccumLogProb, DartCombine, LinearScorer,
                                         PrestoEntropy, PrestoFixed, make_scorer)
@@ -35,6 +40,7 @@ from vllm_treespec.tree.scorers import (SCORERS, AccumLogProb, DartCombine, Line
 __all__ = [
     "DraftTree", "TreeValidationError", "TreeBatch",
     "DepthTable", "Expander", "NgramSignal", "as_ngram_signal", "CandidateError", "NgramTable",
+    "clean_children", "builder_steps", "run_lockstep", "ExpandRequest",
     "BUILDERS", "BuildError", "build_tree", "builder_params", "build_beam", "build_best_first",
     "build_chain", "build_static", "build_threshold",
     "SCORERS", "make_scorer", "LinearScorer", "AccumLogProb", "DartCombine", "PrestoFixed",
