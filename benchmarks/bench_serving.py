@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     from vllm_treespec.comparison import (NGRAM_MAX, NGRAM_MIN, all_match, median_measurements,
                                           no_spec, run_comparison, summarize, treespec, vllm_ngram)
     from vllm_treespec.fixtures.corpus import held_out_prompts
-    from vllm_treespec.report import format_table, hardware_info, hardware_line, software_info
+    from vllm_treespec.report import (format_table, hardware_info, hardware_line, plot_throughput,
+                                      software_info)
     from vllm_treespec.serving import CPU_SERVE_ARGS
 
     ns = parse_args(argv)
@@ -193,7 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     out = ns.output or RESULTS_DIR / f"bench_serving_{label}_{started.strftime('%Y%m%dT%H%M%SZ')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {out}")
+    png = plot_throughput(rows, out.with_suffix(".png"),
+                          f"bench_serving, {model_dir.name}, {hardware_line(hw)}")
+    print(f"wrote {out} and {png.name}")
     if not ok:
         print("FAIL: some greedy outputs differ from no speculation", file=sys.stderr)
         return 1

@@ -119,3 +119,36 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column]) -
 
     sep = "  ".join("-" * w for w in widths)
     return "\n".join([line(header), sep, *(line(r) for r in body)])
+
+
+def plot_throughput(rows: Sequence[Mapping[str, Any]], path: Path, title: str) -> Path:
+    """Bar chart of tokens/s per config, one bar group per concurrency (PNG next to the JSON).
+
+    Bars carry the tau of configs that speculate; the hardware goes in the title by the caller."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    concs = sorted({int(r["concurrency"]) for r in rows})
+    by = {(r["config"], int(r["concurrency"])): r for r in rows}
+    width = 0.8 / max(len(concs), 1)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(configs) + 2), 4.5))
+    for j, c in enumerate(concs):
+        xs = [i + j * width for i in range(len(configs))]
+        ys = [by[(cfg, c)]["tokens_per_s"] if (cfg, c) in by else 0.0 for cfg in configs]
+        ax.bar(xs, ys, width, label=f"concurrency {c}")
+        for x, y, cfg in zip(xs, ys, configs):
+            tau = by.get((cfg, c), {}).get("tau")
+            if tau:
+                ax.text(x, y, f"{tau:.1f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks([i + width * (len(concs) - 1) / 2 for i in range(len(configs))])
+    ax.set_xticklabels(configs, rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel("output tokens/s (bar labels: tau)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
