@@ -123,8 +123,14 @@ def test_bad_model_directories_name_the_key_and_fix(model_dir, tmp_path):
     (d / "config.json").write_text(json.dumps({**cfg, "architectures": ["BertForMaskedLM"]}))
     with pytest.raises(DraftModelError, match="'BertForMaskedLM'.*supported: LlamaForCausalLM"):
         _drafter(d, {"builder": "chain"})
-    with pytest.raises(DraftModelError, match="drafter.memory_mb: 0.01 MB cannot hold"):
-        _drafter(model_dir, {"builder": "chain"}, memory_mb=0.01)
+    from vllm_treespec.drafters.lm.loading import DraftModelSpec, load_draft_lm
+
+    with pytest.raises(DraftModelError, match="drafter.memory_mb: 1 MB cannot hold .* one request's cache"):
+        load_draft_lm(DraftModelSpec(str(model_dir), memory_mb=1), served_tokenizer=None,
+                      max_len=100_000, max_tree_nodes=16)
+    lm = load_draft_lm(DraftModelSpec(str(model_dir), memory_mb=2), served_tokenizer=None,
+                       max_len=1000, max_tree_nodes=16)
+    assert 1 <= lm.slots.num_slots < 64                            # the bound caps the slots
 
 
 def test_tokenizer_mismatch_is_a_startup_error(tmp_path):

@@ -71,7 +71,7 @@ class DraftModelDrafter:
             self.params.setdefault("topk", cfg.topk)
         self.templates = tuple(tuple(t) for t in cfg.templates) if cfg.templates else None
         self.bandits: dict[str, TemplateBandit] = {}
-        self.last_draft: dict[str, tuple[int, int]] = {}     # req -> (arm, committed tokens then)
+        self.last_draft: dict[str, tuple[int, int, int]] = {}  # req -> (arm, committed then, depth drafted)
         self.timing = _Timing()
         self.no_slot = 0          # request-steps that drafted nothing for want of a cache slot
         self.lm: DraftLM = load_draft_lm(
@@ -120,6 +120,9 @@ class DraftModelDrafter:
         built = run_lockstep(gens, expander)
         for j, i in enumerate(want.tolist()):
             trees[i] = built[j]
+            last = self.last_draft.get(ids[j])
+            if self.templates is not None and last is not None:   # the depth actually drafted
+                self.last_draft[ids[j]] = (last[0], last[1], int(built[j].depth.max()))
         self.timing.observe(started, time.perf_counter(), expander.calls + 1)
         return trees
 
@@ -128,12 +131,12 @@ class DraftModelDrafter:
         if bandit is None:
             bandit = self.bandits[req_id] = TemplateBandit(self.templates, lambda_ucb=self.cfg.bandit_ucb,
                                                            seed=0)
-        last = self.last_draft.get(req_id)
-        if last is not None and committed > last[1]:
+        last = self.last_draft.pop(req_id, None)
+        if last is not None and committed > last[1] and last[2] > 0:
             bandit.lambda_gamma = self.timing.lambda_gamma(bandit.lambda_gamma)
-            bandit.update(last[0], accepted_len=committed - last[1])
+            bandit.update(last[0], accepted_len=committed - last[1], draft_len=last[2])
         arm = bandit.choose()
-        self.last_draft[req_id] = (arm, committed)
+        self.last_draft[req_id] = (arm, committed, 0)
         return arm
 
 
