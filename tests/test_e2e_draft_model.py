@@ -78,7 +78,6 @@ def test_requests_without_a_cache_slot_decode_without_drafts(runs):
     state = runs["few-slots-8"]["proposer"][0]
     assert state["stats"]["verified_trees"] > 0
     assert state["drafter"]["no_slot"] > 0, "every request got a cache slot: admission untested"
-    assert state["drafter"]["evictions"] > 0
 
 
 TINY_KV = dict(dtype="float32", enforce_eager=True, max_model_len=512, max_num_seqs=8, seed=0,
