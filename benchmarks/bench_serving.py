@@ -126,29 +126,41 @@ def columns() -> list:
             ("attn ms", "tree_attention_ms_per_step", fmt_float(3)),
             ("accept ms", "accept_ms_per_step", fmt_float(3)), ("compact ms", "compaction_ms_per_step", fmt_float(3)),
             ("exact", "exact_match", fmt_match),
-            ("vs off", "speedup_vs_off", fmt_ratio), ("vs ngram", "speedup_vs_ref", fmt_ratio)]
+            ("vs off", "speedup_vs_off", fmt_ratio), ("vs ref", "speedup_vs_ref", fmt_ratio)]
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vllm_treespec.comparison import (NGRAM_MAX, NGRAM_MIN, all_match, median_measurements,
-                                          no_spec, run_comparison, summarize, treespec, vllm_ngram)
-    from vllm_treespec.fixtures.corpus import held_out_prompts
-    from vllm_treespec.report import (format_table, hardware_info, hardware_line, plot_throughput,
-                                      software_info)
-    from vllm_treespec.serving import CPU_SERVE_ARGS
+    from vllm_treespec.comparison import no_spec, treespec, vllm_ngram
 
     ns = parse_args(argv)
     k = ns.num_speculative_tokens
-    label, model_dir, meta = resolve_model(ns)
-    hw = hardware_info()
-    print(hardware_line(hw), flush=True)
-    prompts = held_out_prompts(ns.num_prompts, ns.prompt_chars, seed=ns.seed)
-    warmup = held_out_prompts(max(ns.concurrency), ns.prompt_chars, seed=ns.seed + 1000)
     ngram_ks = ns.ngram_k or [k]
     configs = [no_spec(), *[vllm_ngram(nk) for nk in ngram_ks], treespec(k)]
     if ns.trees:
         configs += [c for c in tree_configs(ns.budgets, ns.lookup_continue_prob, ns.tree_configs)
                     if c.name not in {x.name for x in configs}]
+    return run_and_record(ns, "bench_serving", configs, [vllm_ngram(nk).name for nk in ngram_ks],
+                          extra={"k": k, "ngram_k": ngram_ks},
+                          note=f"K={k}; vs off / vs ref = tokens/s ratios at the same concurrency")
+
+
+def run_and_record(ns: argparse.Namespace, benchmark: str, configs: list, reference_names: list[str],
+                   extra: dict, note: str) -> int:
+    """Serve every config (ns.rounds rounds, alternating order), print the table, write JSON + PNG.
+    The reference is the fastest of `reference_names` at the lowest concurrency. Exit 1 when
+    any greedy output differs from no speculation."""
+    from vllm_treespec.comparison import (NGRAM_MAX, NGRAM_MIN, all_match, median_measurements,
+                                          run_comparison, summarize)
+    from vllm_treespec.fixtures.corpus import held_out_prompts
+    from vllm_treespec.report import (format_table, hardware_info, hardware_line, plot_throughput,
+                                      software_info)
+    from vllm_treespec.serving import CPU_SERVE_ARGS
+
+    label, model_dir, meta = resolve_model(ns)
+    hw = hardware_info()
+    print(hardware_line(hw), flush=True)
+    prompts = held_out_prompts(ns.num_prompts, ns.prompt_chars, seed=ns.seed)
+    warmup = held_out_prompts(max(ns.concurrency), ns.prompt_chars, seed=ns.seed + 1000)
     started = dt.datetime.now(dt.timezone.utc)
     rounds = []
     for r in range(ns.rounds):
@@ -160,18 +172,18 @@ def main(argv: list[str] | None = None) -> int:
     ok = all(all_match(summarize(ms, baseline="off")) for ms in rounds)
     measurements, rates = median_measurements(rounds)
     measurements.sort(key=lambda m: ([c.name for c in configs].index(m.config), m.concurrency))
-    ref_name = fastest(measurements, [vllm_ngram(nk).name for nk in ngram_ks], min(ns.concurrency))
+    ref_name = fastest(measurements, reference_names, min(ns.concurrency))
     rows = summarize(measurements, baseline="off", reference=ref_name)
     for row in rows:
         row["tokens_per_s_rounds"] = rates[(row["config"], row["concurrency"])]
 
     print()
     print(format_table(rows, columns()))
-    print(f"\nmodel {model_dir.name}, {len(prompts)} prompts, max_tokens {ns.max_tokens}, K={k}, "
-          f"n-gram {NGRAM_MIN}..{NGRAM_MAX}; vs off / vs ngram = tokens/s ratios at the same concurrency")
+    print(f"\nmodel {model_dir.name}, {len(prompts)} prompts, max_tokens {ns.max_tokens}, reference "
+          f"{ref_name}; {note}")
 
     record = {
-        "benchmark": "bench_serving",
+        "benchmark": benchmark,
         "started_utc": started.isoformat(timespec="seconds"),
         "hardware": hw,
         "software": software_info(),
@@ -179,8 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         "prompts": {"count": len(prompts), "prompt_chars": ns.prompt_chars, "seed": ns.seed,
                     "source": "vllm_treespec.fixtures.corpus.held_out_prompts"},
         "max_tokens": ns.max_tokens,
-        "k": k,
-        "ngram_k": ngram_ks,
+        **extra,
         "reference": ref_name,
         "ngram_range": [NGRAM_MIN, NGRAM_MAX],
         "concurrencies": ns.concurrency,
@@ -191,11 +202,10 @@ def main(argv: list[str] | None = None) -> int:
         "all_outputs_match": ok,
         "rows": rows,
     }
-    out = ns.output or RESULTS_DIR / f"bench_serving_{label}_{started.strftime('%Y%m%dT%H%M%SZ')}.json"
+    out = ns.output or RESULTS_DIR / f"{benchmark}_{label}_{started.strftime('%Y%m%dT%H%M%SZ')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
-    png = plot_throughput(rows, out.with_suffix(".png"),
-                          f"bench_serving, {model_dir.name}, {hardware_line(hw)}")
+    png = plot_throughput(rows, out.with_suffix(".png"), f"{benchmark}, {model_dir.name}, {hardware_line(hw)}")
     print(f"wrote {out} and {png.name}")
     if not ok:
         print("FAIL: some greedy outputs differ from no speculation", file=sys.stderr)
