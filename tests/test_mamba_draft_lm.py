@@ -157,6 +157,33 @@ def test_extend_random_trees_match_fresh_forward(model) -> None:
         ctxs = new
 
 
+def test_accepted_path_resumes_from_tree_state(model) -> None:
+    """After drafting, the next catch-up starts from the accepted path's deepest tree node: one
+    recurrent step per request (the bonus token), not a re-feed of the accepted tokens."""
+    rt = _runtime(model, max_requests=2, max_tree_nodes=8)
+    ids = ["a", "b"]
+    ctxs = [np.array([3, 1, 4, 1, 5]), np.array([9, 2, 6])]
+    rt.admit(ids)
+    rt.start_step(ids, ctxs)
+    rt.extend(np.array([0, 0, 1]), np.array([0, 0, 0]), np.array([7, 8, 7]))   # a: 1, 2; b: 1
+    rt.extend(np.array([0, 1, 0]), np.array([2, 1, 1]), np.array([9, 9, 10]))  # a: 3 under 2, 4 under 1; b: 2
+    # a accepts 8, 9 (nodes 2, 3) + bonus 11; b accepts 7 (node 1) then diverges from its tree: 12, 13
+    new = [np.concatenate([ctxs[0], [8, 9, 11]]), np.concatenate([ctxs[1], [7, 12, 13]])]
+    fed = []
+    inner = rt._forward
+
+    def spy(tokens, lens, conv, ssm):
+        fed.extend([tokens.shape[1]] * tokens.shape[0] if lens is None else lens.tolist())
+        return inner(tokens, lens, conv, ssm)
+
+    rt._forward = spy
+    out = rt.start_step(ids, new)
+    assert sorted(fed) == [1, 2]      # tokens fed per request; a: bonus only; b: 12, 13 after node 1
+    for i in range(2):
+        _assert_close(out[i], model, new[i])
+        assert rt.cached_tokens(ids[i]) == new[i].size
+
+
 def test_extend_validates_nodes(model) -> None:
     rt = _runtime(model, max_requests=2, max_tree_nodes=4)
     rt.admit(["a", "b"])

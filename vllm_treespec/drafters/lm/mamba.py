@@ -15,8 +15,11 @@ a slot is the request's committed state (after its last committed token, the ste
 `extend` writes nodes 1, 2, ... of the current step and never touches node 0, so the next
 `start_step` catches up from node 0.
 
-`start_step` feeds each request only the tokens committed since the previous step. Recurrent
-states cannot rewind, so a context that is not an extension of the consumed tokens (preemption, a
+`start_step` feeds each request only the tokens committed since the previous step, and fewer when
+the previous step's tree holds them: the deepest tree node on the newly committed tokens (the
+accepted draft path) already has the state after them, so it is copied to node 0 and only the
+rest (usually just the bonus token) is fed; siblings and deeper nodes are discarded (their
+buffer rows are overwritten by the next extends). Recurrent states cannot rewind, so a context that is not an extension of the consumed tokens (preemption, a
 reused request id) is recomputed from the zero state; an unchanged context reuses the stored
 log-probs without a forward. Catch-ups are batched: rows are grouped by new-token count (each
 group padded to its longest row, at most twice any member's count), one-token rows take the
@@ -167,6 +170,11 @@ class MambaDraftLM:
         self._free = list(range(self.max_requests - 1, -1, -1))
         self._tokens: list[np.ndarray] = [np.zeros(0, np.int64) for _ in range(self.max_requests)]
         self._owner_gen = np.zeros(self.max_requests, np.int64)  # bumped whenever a slot changes hands
+        # each slot's latest step tree (node 0 = root): lets the next start_step resume from the
+        # state of the deepest tree node on the newly committed tokens instead of re-feeding them
+        self._tree_tok = np.zeros((self.max_requests, self.max_tree_nodes), np.int64)
+        self._tree_par = np.full((self.max_requests, self.max_tree_nodes), -1, np.int64)
+        self._tree_size = np.zeros(self.max_requests, np.int64)   # 0: no usable tree
         # the current step (set by start_step)
         self._step_slots = np.zeros(0, np.int64)
         self._step_gens = np.zeros(0, np.int64)
@@ -249,6 +257,7 @@ class MambaDraftLM:
     def _assign(self, rid: str, slot: int) -> None:
         self._slot_of[rid] = slot
         self._tokens[slot] = np.zeros(0, np.int64)
+        self._tree_size[slot] = 0
         self._owner_gen[slot] += 1
 
     def release(self, req_ids: Iterable[str]) -> None:
@@ -257,6 +266,7 @@ class MambaDraftLM:
             slot = self._slot_of.pop(rid, None)
             if slot is not None:
                 self._tokens[slot] = np.zeros(0, np.int64)
+                self._tree_size[slot] = 0
                 self._owner_gen[slot] += 1
                 self._free.append(slot)
 
@@ -276,6 +286,7 @@ class MambaDraftLM:
             raise ValueError("a request id appears twice in one step")
         slots = np.empty(len(req_ids), np.int64)
         todo: list[tuple[int, np.ndarray]] = []      # (row, tokens to feed)
+        resume: list[tuple[int, int]] = []           # (slot, tree node whose state becomes node 0)
         for i, (rid, ctx) in enumerate(zip(req_ids, contexts)):
             slot = self._slot_of.get(rid)
             if slot is None:
@@ -287,10 +298,20 @@ class MambaDraftLM:
             done = self._tokens[slot]
             if done.size and done.size <= ctx.size and np.array_equal(ctx[:done.size], done):
                 if done.size < ctx.size:
+                    node, depth = self._tree_match(slot, ctx[done.size:ctx.size - 1])
+                    if depth:
+                        resume.append((slot, node))
+                        self._tokens[slot] = ctx[:done.size + depth].copy()
                     todo.append((i, ctx))
             else:                                        # fresh, or not an extension: from the zero state
                 self._tokens[slot] = np.zeros(0, np.int64)
                 todo.append((i, ctx))
+            self._tree_size[slot] = 1
+        if resume:
+            src = torch.tensor([s * self.max_tree_nodes + n for s, n in resume], device=self.device)
+            dst = torch.tensor([s * self.max_tree_nodes for s, _ in resume], device=self.device)
+            for buf in (*self._conv, *self._ssm):
+                buf.index_copy_(0, dst, buf.index_select(0, src))
         # group by new-token count: sorted descending, a group's padded length is at most twice any member's
         todo.sort(key=lambda item: item[1].size - self._tokens[slots[item[0]]].size, reverse=True)
         group: list[tuple[int, np.ndarray]] = []
@@ -306,6 +327,18 @@ class MambaDraftLM:
         self._step_gens = self._owner_gen[slots].copy()
         self._step_next = np.ones(len(req_ids), np.int64)
         return self._last_logp[torch.from_numpy(slots)].clone()
+
+    def _tree_match(self, slot: int, tokens: np.ndarray) -> tuple[int, int]:
+        """Deepest node of the slot's last step tree on the path `tokens` from its root: (node, depth)."""
+        size = int(self._tree_size[slot])
+        par, tok = self._tree_par[slot, :size], self._tree_tok[slot, :size]
+        node = depth = 0
+        for t in tokens:
+            child = np.flatnonzero((par == node) & (tok == t))
+            if child.size == 0:
+                break
+            node, depth = int(child[0]), depth + 1
+        return node, depth
 
     def _catch_up(self, group: list[tuple[int, np.ndarray]], slots: np.ndarray) -> None:
         """Feed each row its unconsumed tokens from its committed state (node 0) in one padded batch."""
@@ -381,6 +414,9 @@ class MambaDraftLM:
             raise ValueError(f"extend: request row {req_index[bad]} would exceed max_tree_nodes="
                              f"{self.max_tree_nodes} (root included)")
         np.maximum.at(self._step_next, req_index, new_ids + 1)
+        self._tree_tok[slots, new_ids] = tokens
+        self._tree_par[slots, new_ids] = parent
+        np.maximum.at(self._tree_size, slots, new_ids + 1)
         src = torch.from_numpy(slots * self.max_tree_nodes + parent).to(self.device)
         dst = torch.from_numpy(slots * self.max_tree_nodes + new_ids).to(self.device)
         conv = [c.index_select(0, src) for c in self._conv]
