@@ -19,12 +19,13 @@ a slot is the request's committed state (after its last committed token, the ste
 the previous step's tree holds them: the deepest tree node on the newly committed tokens (the
 accepted draft path) already has the state after them, so it is copied to node 0 and only the
 rest (usually just the bonus token) is fed; siblings and deeper nodes are discarded (their
-buffer rows are overwritten by the next extends). Recurrent states cannot rewind, so a context that is not an extension of the consumed tokens (preemption, a
-reused request id) is recomputed from the zero state; an unchanged context reuses the stored
-log-probs without a forward. Catch-ups are batched: rows are grouped by new-token count (each
-group padded to its longest row, at most twice any member's count), one-token rows take the
-recurrent step, longer ones the parallel scan (Mamba-2: the chunked SSD form; Mamba: a log-depth
-parallel scan) in chunks of `prefill_chunk` tokens. Padding is exact: padded positions get
+buffer rows are overwritten by the next extends). Recurrent states cannot rewind, so a context
+that is not an extension of the consumed tokens (preemption, a reused request id) is recomputed
+from the zero state; an unchanged context reuses the stored log-probs without a forward.
+Catch-ups are batched: rows are grouped by new-token count (each group padded to its longest
+row, at most twice any member's count), one-token rows take the recurrent step, longer ones the
+parallel scan (Mamba-2: the chunked SSD form; Mamba: a log-depth parallel scan) in chunks of
+`prefill_chunk` tokens. Padding is exact: padded positions get
 ``dt = 0``, which makes the SSM update the identity (``exp(0 * A) = 1``, ``dt * B * x = 0``).
 
 The math is a functional re-implementation over the Hugging Face modules' own parameters and
@@ -285,16 +286,20 @@ class MambaDraftLM:
         if len(set(req_ids)) != len(req_ids):
             raise ValueError("a request id appears twice in one step")
         slots = np.empty(len(req_ids), np.int64)
-        todo: list[tuple[int, np.ndarray]] = []      # (row, tokens to feed)
-        resume: list[tuple[int, int]] = []           # (slot, tree node whose state becomes node 0)
-        for i, (rid, ctx) in enumerate(zip(req_ids, contexts)):
+        checked: list[np.ndarray] = []
+        for i, (rid, ctx) in enumerate(zip(req_ids, contexts)):   # validate everything before any change
             slot = self._slot_of.get(rid)
             if slot is None:
                 raise ValueError(f"request {rid!r} holds no cache slot: pass only requests admit() accepted")
-            ctx = self._check_tokens(np.asarray(ctx), f"context of request {rid!r}")
+            ctx = self._check_tokens(np.asarray(ctx), f"context of request {rid!r}").reshape(-1)
             if ctx.size == 0:
                 raise ValueError(f"request {rid!r}: empty context (the root token is the context's last token)")
             slots[i] = slot
+            checked.append(ctx)
+        todo: list[tuple[int, np.ndarray]] = []      # (row, tokens to feed)
+        resume: list[tuple[int, int]] = []           # (slot, tree node whose state becomes node 0)
+        for i, ctx in enumerate(checked):
+            slot = int(slots[i])
             done = self._tokens[slot]
             if done.size and done.size <= ctx.size and np.array_equal(ctx[:done.size], done):
                 if done.size < ctx.size:
@@ -389,7 +394,8 @@ class MambaDraftLM:
         tokens = self._check_tokens(np.asarray(tokens), "extend tokens").reshape(-1)
         n = req_index.size
         if parent.size != n or tokens.size != n:
-            raise ValueError(f"extend: req_index, parent and tokens differ in length ({n}, {parent.size}, {tokens.size})")
+            raise ValueError(f"extend: req_index, parent and tokens differ in length "
+                             f"({n}, {parent.size}, {tokens.size})")
         if n == 0:
             return torch.empty(0, self.vocab_size, dtype=torch.float32)
         rows = self._step_slots.size
