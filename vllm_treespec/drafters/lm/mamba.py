@@ -205,7 +205,10 @@ class MambaDraftLM:
 
         hf_cls = getattr(transformers, arch)
         try:
-            model = hf_cls.from_pretrained(str(model_dir), dtype=dtype)
+            # rescale_prenorm_residual is an init-time option, but transformers 5.19 also applies it
+            # to LOADED weights (out_proj /= sqrt(layers) in _init_weights), which would serve other
+            # weights than the checkpoint's: always load with it off.
+            model = hf_cls.from_pretrained(str(model_dir), dtype=dtype, rescale_prenorm_residual=False)
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise DraftModelError(f"{model_dir}: cannot load {arch}: {e}") from e
         return cls(model.to(device), max_requests=max_requests, max_tree_nodes=max_tree_nodes, **kwargs)
