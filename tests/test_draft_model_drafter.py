@@ -29,6 +29,17 @@ def model_dir(tmp_path_factory):
     return d
 
 
+@pytest.fixture(scope="module")
+def mamba_dir(tmp_path_factory):
+    from vllm_treespec.fixtures.mamba_lm import Mamba2Shape, new_model
+
+    shape = Mamba2Shape(vocab_size=VOCAB, hidden_size=32, num_layers=2, state_size=8, head_dim=16)
+    d = tmp_path_factory.mktemp("mamba")
+    model = new_model(shape, eos_token_id=0, seed=6, init_std=0.3, scaled_residual_init=True)
+    model.save_pretrained(str(d), safe_serialization=True)
+    return d
+
+
 def _drafter(model_dir, tree: dict, max_nodes: int = 12, **drafter):
     cfg = parse_config({"drafter": {"type": "draft_model", "path": str(model_dir), **drafter}, "tree": tree})
     return make_drafter(cfg.drafter, None, cfg.tree, max_model_len=128, max_nodes=max_nodes)
@@ -64,11 +75,14 @@ def _reference_tree(model, context, builder, budget, params):
     ("chain", {"max_depth": 5}, {"max_depth": 5}),
     ("best_first", {"max_depth": 4}, {"max_depth": 4, "topk": 8}),
 ])
-def test_lockstep_trees_equal_synchronous_builders(model_dir, builder, tree, params):
+@pytest.mark.parametrize("kind", ["transformer", "mamba"])
+def test_lockstep_trees_equal_synchronous_builders(model_dir, mamba_dir, kind, builder, tree, params):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
-    drafter = _drafter(model_dir, {"builder": builder, **tree})
+    d = model_dir if kind == "transformer" else mamba_dir
+    extra = {"rescale_prenorm_residual": False} if kind == "mamba" else {}   # see MambaDraftLM.load
+    model = AutoModelForCausalLM.from_pretrained(str(d), **extra).eval()
+    drafter = _drafter(d, {"builder": builder, **tree})
     rng = np.random.default_rng(3)
     contexts = [rng.integers(1, VOCAB, size=n) for n in (6, 13, 2)]
     budgets = [10, 0, 7]

@@ -76,8 +76,8 @@ class DraftModelDrafter:
         self.no_slot = 0          # request-steps that drafted nothing for want of a cache slot
         self.lm: DraftLM = load_draft_lm(
             DraftModelSpec(cfg.path, cfg.dtype, cfg.memory_mb, cfg.max_cached_requests),
-            served_tokenizer=tokenizer_dir, max_len=max_model_len, max_tree_nodes=max_nodes + 1,
-            vocab_limit=vocab_limit)
+            served_tokenizer=tokenizer_dir, max_len=max_model_len, max_tree_nodes=max_nodes + 1)
+        self.vocab_limit = vocab_limit
 
     def load(self, target_model: Any) -> None:
         """The draft model is separate from the target; it was loaded (and checked) at construction."""
@@ -90,7 +90,7 @@ class DraftModelDrafter:
 
     def counters(self) -> dict[str, int]:
         """Drafter-side counts for tests and reports."""
-        return {"no_slot": self.no_slot, "evictions": self.lm.slots.evictions}
+        return {"no_slot": self.no_slot, "evictions": self.lm.evictions}
 
     # -- drafting ------------------------------------------------------------------------
     def propose(self, inputs: DraftInputs) -> list[DraftTree]:
@@ -116,7 +116,7 @@ class DraftModelDrafter:
             if self.templates is not None:
                 params["template"] = self.templates[self._choose_arm(ids[j], contexts[j].shape[0])]
             gens.append(builder_steps(self.builder, int(contexts[j][-1]), int(inputs.budgets[i]), **params))
-        expander = _LevelExpander(self.lm, root_lp)
+        expander = _LevelExpander(self.lm, root_lp, self.vocab_limit)
         built = run_lockstep(gens, expander)
         for j, i in enumerate(want.tolist()):
             trees[i] = built[j]
@@ -145,9 +145,10 @@ class _LevelExpander:
     on. A path's node is run through the drafter when it is expanded; the root's children come
     from the catch-up call. Paths map to runtime node ids per request (siblings are distinct)."""
 
-    def __init__(self, lm: DraftLM, root_logprobs: torch.Tensor) -> None:
+    def __init__(self, lm: DraftLM, root_logprobs: torch.Tensor, vocab_limit: int | None) -> None:
         self.lm = lm
         self.root_lp = root_logprobs
+        self.vocab_limit = vocab_limit     # the target's vocabulary: never draft ids past it
         self.node_of: dict[tuple[int, tuple[int, ...]], int] = {}
         self.next_id: dict[int, int] = {}
         self.calls = 0
@@ -178,6 +179,8 @@ class _LevelExpander:
             sel = [rows[r + m] for m in range(len(req[1]))]
             r += len(req[1])
             dist = torch.stack([self.root_lp[row] if is_root else lp[row] for _, row, is_root in sel])
+            if self.vocab_limit is not None and self.vocab_limit < dist.shape[-1]:
+                dist[:, self.vocab_limit:] = float("-inf")
             top = torch.topk(dist, k=min(k, dist.shape[-1]), dim=-1)
             out.append((top.indices.numpy(), top.values.double().numpy()))
         return out

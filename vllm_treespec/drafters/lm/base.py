@@ -46,6 +46,7 @@ class DraftLM(Protocol):
     architecture: str       # config.json's architectures[0]
     vocab_size: int
     max_tree_nodes: int      # most nodes (root included) one request's step tree may hold
+    evictions: int           # requests whose cache was evicted for another (LRU)
 
     def admit(self, req_ids: Sequence[str]) -> np.ndarray:
         """bool [B]: which requests hold a cache slot for this step."""

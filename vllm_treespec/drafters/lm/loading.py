@@ -99,11 +99,11 @@ def check_draft_model(spec: DraftModelSpec, served_tokenizer: str | None) -> tup
 
 
 def load_draft_lm(spec: DraftModelSpec, *, served_tokenizer: str | None, max_len: int,
-                  max_tree_nodes: int, vocab_limit: int | None = None) -> DraftLM:
+                  max_tree_nodes: int) -> DraftLM:
     """Check and load the draft model; cache slots = min(max_cached_requests, what memory_mb
     leaves after the weights)."""
     d, arch, weight_bytes = check_draft_model(spec, served_tokenizer)
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(str(d))
     dtype = _DTYPES.get(spec.dtype) or getattr(config, "dtype", None) or torch.float32
@@ -111,7 +111,17 @@ def load_draft_lm(spec: DraftModelSpec, *, served_tokenizer: str | None, max_len
         dtype = _DTYPES.get(dtype, torch.float32)
     elem_ratio = torch.empty((), dtype=dtype).element_size() / 4
     weights_mb = weight_bytes * max(elem_ratio, 0.5) / _MB      # checkpoint size in the serving dtype (approx.)
-    per_slot_mb = _slot_bytes(arch, config, max_len, max_tree_nodes, dtype) / _MB
+    mamba = None
+    if arch in MAMBA_ARCHITECTURES:
+        from vllm_treespec.drafters.lm.mamba import MambaDraftLM
+
+        # one slot's recurrent states (root + tree nodes) are what MambaDraftLM preallocates
+        mamba = MambaDraftLM.load(d, max_requests=1, max_tree_nodes=max_tree_nodes, dtype=dtype)
+        per_slot_mb = mamba.state_bytes / _MB
+    else:
+        from vllm_treespec.drafters.lm.transformer import kv_bytes_per_slot
+
+        per_slot_mb = kv_bytes_per_slot(config, max_len, max_tree_nodes, dtype) / _MB
     room = spec.memory_mb - weights_mb
     slots = min(spec.max_cached_requests, int(room // per_slot_mb) if room > 0 else 0)
     if slots < 1:
@@ -119,23 +129,12 @@ def load_draft_lm(spec: DraftModelSpec, *, served_tokenizer: str | None, max_len
             f"drafter.memory_mb: {spec.memory_mb:g} MB cannot hold the draft model ({weights_mb:.1f} MB of "
             f"weights) plus one request's cache ({per_slot_mb:.1f} MB at max_model_len {max_len}); raise "
             "drafter.memory_mb, lower max_model_len or choose a smaller draft model")
-    model = AutoModelForCausalLM.from_pretrained(str(d), dtype=dtype).eval()
-    if arch in MAMBA_ARCHITECTURES:
-        from vllm_treespec.drafters.lm.mamba import MambaDraftLM
+    if mamba is not None:
+        return MambaDraftLM(mamba.model, max_requests=slots, max_tree_nodes=max_tree_nodes,
+                            max_state_bytes=int(spec.memory_mb * _MB))
+    from transformers import AutoModelForCausalLM
 
-        return MambaDraftLM(model, max_requests=slots, max_len=max_len, max_tree_nodes=max_tree_nodes,
-                            vocab_limit=vocab_limit)
     from vllm_treespec.drafters.lm.transformer import TransformerDraftLM
 
-    return TransformerDraftLM(model, max_requests=slots, max_len=max_len, max_tree_nodes=max_tree_nodes,
-                              vocab_limit=vocab_limit)
-
-
-def _slot_bytes(arch: str, config: Any, max_len: int, max_tree_nodes: int, dtype: torch.dtype) -> int:
-    if arch in MAMBA_ARCHITECTURES:
-        from vllm_treespec.drafters.lm.mamba import state_bytes_per_slot
-
-        return state_bytes_per_slot(config, max_tree_nodes, dtype)
-    from vllm_treespec.drafters.lm.transformer import kv_bytes_per_slot
-
-    return kv_bytes_per_slot(config, max_len, max_tree_nodes, dtype)
+    model = AutoModelForCausalLM.from_pretrained(str(d), dtype=dtype).eval()
+    return TransformerDraftLM(model, max_requests=slots, max_len=max_len, max_tree_nodes=max_tree_nodes)

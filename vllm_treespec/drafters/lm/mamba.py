@@ -169,6 +169,7 @@ class MambaDraftLM:
 
         self._slot_of: OrderedDict[str, int] = OrderedDict()     # LRU order: least recent first
         self._free = list(range(self.max_requests - 1, -1, -1))
+        self.evictions = 0
         self._tokens: list[np.ndarray] = [np.zeros(0, np.int64) for _ in range(self.max_requests)]
         self._owner_gen = np.zeros(self.max_requests, np.int64)  # bumped whenever a slot changes hands
         # each slot's latest step tree (node 0 = root): lets the next start_step resume from the
@@ -254,6 +255,7 @@ class MambaDraftLM:
                 if victim is None:
                     continue  # every slot belongs to a request of this call
                 slot = self._slot_of.pop(victim)
+                self.evictions += 1
             self._assign(rid, slot)
             ok[i] = True
         return ok

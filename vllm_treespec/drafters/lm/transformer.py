@@ -78,8 +78,7 @@ class _Rows:
 class TransformerDraftLM:
     """DraftLM over an HF Llama-family causal LM (see the module docstring)."""
 
-    def __init__(self, model: Any, *, max_requests: int, max_len: int, max_tree_nodes: int,
-                 vocab_limit: int | None = None) -> None:
+    def __init__(self, model: Any, *, max_requests: int, max_len: int, max_tree_nodes: int) -> None:
         self.architecture = _check_supported(model, max_len, max_tree_nodes)
         cfg = model.config
         self.model = model.eval()
@@ -87,7 +86,6 @@ class TransformerDraftLM:
         self.embed, self.layers, self.norm = inner.embed_tokens, list(inner.layers), inner.norm
         self.rotary, self.lm_head = inner.rotary_emb, model.lm_head
         self.vocab_size = int(cfg.vocab_size)
-        self.vocab_limit = vocab_limit if vocab_limit is not None else self.vocab_size
         self.max_len, self.max_tree_nodes = int(max_len), int(max_tree_nodes)
         attn = self.layers[0].self_attn
         self.head_dim = int(attn.head_dim)
@@ -110,6 +108,10 @@ class TransformerDraftLM:
 
     def release(self, req_ids: Iterable[str]) -> None:
         self.slots.release(req_ids)
+
+    @property
+    def evictions(self) -> int:
+        return self.slots.evictions
 
     def cached_tokens(self, req_id: str) -> int:
         s = self.slots.slot(req_id)
@@ -238,7 +240,4 @@ class TransformerDraftLM:
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         if keep is not None:
             x = x[keep]
-        logits = self.lm_head(self.norm(x)).float()
-        if self.vocab_limit < logits.shape[-1]:
-            logits[:, self.vocab_limit:] = float("-inf")
-        return torch.log_softmax(logits, dim=-1)
+        return torch.log_softmax(self.lm_head(self.norm(x)).float(), dim=-1)
