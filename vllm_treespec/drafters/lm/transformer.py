@@ -75,6 +75,52 @@ class _Rows:
     mask: torch.Tensor         # bool [G, 1, R, L] visible cache columns of each padded row
 
 
+@dataclass
+class _LayerWeights:
+    """One decoder layer's weights with q/k/v and gate/up fused, so a layer is a handful of
+    torch calls instead of ~20 module dispatches (the draft model is small: per-call overhead,
+    not arithmetic, sets its speed on a CPU)."""
+    in_norm: tuple[torch.Tensor, float]
+    qkv: tuple[torch.Tensor, torch.Tensor | None]
+    q_norm: tuple[torch.Tensor, float] | None
+    k_norm: tuple[torch.Tensor, float] | None
+    o: tuple[torch.Tensor, torch.Tensor | None]
+    post_norm: tuple[torch.Tensor, float]
+    gate_up: tuple[torch.Tensor, torch.Tensor | None]
+    down: tuple[torch.Tensor, torch.Tensor | None]
+
+
+def _norm(module: Any) -> tuple[torch.Tensor, float]:
+    eps = getattr(module, "variance_epsilon", None) or getattr(module, "eps", 1e-6)
+    return module.weight.detach(), float(eps)
+
+
+def _cat_linear(*mods: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    w = torch.cat([m.weight.detach() for m in mods], dim=0)
+    biases = [m.bias for m in mods]
+    if all(b is None for b in biases):
+        return w, None
+    return w, torch.cat([b.detach() if b is not None else w.new_zeros(m.weight.shape[0])
+                         for m, b in zip(mods, biases)])
+
+
+def _layer_weights(layer: Any) -> _LayerWeights:
+    attn, mlp = layer.self_attn, layer.mlp
+    return _LayerWeights(
+        in_norm=_norm(layer.input_layernorm),
+        qkv=_cat_linear(attn.q_proj, attn.k_proj, attn.v_proj),
+        q_norm=_norm(attn.q_norm) if hasattr(attn, "q_norm") else None,
+        k_norm=_norm(attn.k_norm) if hasattr(attn, "k_norm") else None,
+        o=_cat_linear(attn.o_proj),
+        post_norm=_norm(layer.post_attention_layernorm),
+        gate_up=_cat_linear(mlp.gate_proj, mlp.up_proj),
+        down=_cat_linear(mlp.down_proj))
+
+
+def _rms(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
+    return F.rms_norm(x, (x.shape[-1],), norm[0], norm[1])
+
+
 class TransformerDraftLM:
     """DraftLM over an HF Llama-family causal LM (see the module docstring)."""
 
@@ -93,6 +139,11 @@ class TransformerDraftLM:
         self.num_kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.num_heads)
         self.scale = float(attn.scaling)
         self.dtype = next(model.parameters()).dtype
+        if getattr(cfg, "hidden_act", "silu") != "silu":
+            raise DraftModelError(f"draft model activation {cfg.hidden_act!r} (config.json hidden_act) is "
+                                  "not silu; the transformer runtime serves SiLU-gated MLPs")
+        self.weights = [_layer_weights(layer) for layer in self.layers]
+        self.final_norm = _norm(self.norm)
         shape = (max_requests, self.max_len + self.max_tree_nodes, self.num_kv_heads, self.head_dim)
         self.k_cache = [torch.zeros(shape, dtype=self.dtype) for _ in self.layers]
         self.v_cache = [torch.zeros(shape, dtype=self.dtype) for _ in self.layers]
@@ -217,27 +268,27 @@ class TransformerDraftLM:
         cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)               # [T, 1, D]
         t = rows.tokens.shape[0]
         g, r, width = rows.mask.shape[0], rows.mask.shape[2], rows.mask.shape[3]
-        for layer, k_cache, v_cache in zip(self.layers, self.k_cache, self.v_cache):
-            attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = attn.q_proj(h).view(t, self.num_heads, self.head_dim)
-            k = attn.k_proj(h).view(t, self.num_kv_heads, self.head_dim)
-            v = attn.v_proj(h).view(t, self.num_kv_heads, self.head_dim)
-            if hasattr(attn, "q_norm"):
-                q, k = attn.q_norm(q), attn.k_norm(k)
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        for w, k_cache, v_cache in zip(self.weights, self.k_cache, self.v_cache):
+            qkv = F.linear(_rms(x, w.in_norm), *w.qkv)
+            q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+            q, k, v = q.view(t, hq, d), k.view(t, hkv, d), v.view(t, hkv, d)
+            if w.q_norm is not None:
+                q, k = _rms(q, w.q_norm), _rms(k, w.k_norm)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             k_cache[rows.slots, rows.cols] = k.to(k_cache.dtype)
             v_cache[rows.slots, rows.cols] = v.to(v_cache.dtype)
             kp = k_cache[rows.group_slots, :width].transpose(1, 2)        # [G, Hkv, L, D]
             vp = v_cache[rows.group_slots, :width].transpose(1, 2)
-            qp = q.new_zeros(g, r, self.num_heads, self.head_dim)
+            qp = q.new_zeros(g, r, hq, d)
             qp[rows.group, rows.within] = q
             o = F.scaled_dot_product_attention(qp.transpose(1, 2), kp.to(q.dtype), vp.to(q.dtype),
                                                attn_mask=rows.mask, scale=self.scale, enable_gqa=True)
-            o = o.transpose(1, 2)[rows.group, rows.within].reshape(t, self.num_heads * self.head_dim)
-            x = x + attn.o_proj(o)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            o = o.transpose(1, 2)[rows.group, rows.within].reshape(t, hq * d)
+            x = x + F.linear(o, *w.o)
+            gate, up = F.linear(_rms(x, w.post_norm), *w.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, *w.down)
         if keep is not None:
             x = x[keep]
-        return torch.log_softmax(self.lm_head(self.norm(x)).float(), dim=-1)
+        return torch.log_softmax(self.lm_head(_rms(x, self.final_norm)).float(), dim=-1)
