@@ -147,8 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     for budget in ns.budgets:
         for name, cfg in configs:
             config = from_additional_config({"treespec": cfg}, budget)
-            drafter = make_drafter(config.drafter, str(model_dir), config.tree)
-            row = {"config": name, "budget": budget, **replay(drafter, config.node_budget(budget), records)}
+            drafter = make_drafter(config.drafter, str(model_dir), config.tree, max_model_len=1024,
+                                   max_nodes=config.node_budget(budget))
+            row = {"config": name, "budget": budget, **replay(drafter, config.node_budget(budget), records),
+                   "treespec": cfg}
             rows.append(row)
             print(f"{name:34s} {budget:6d} {row['tau']:6.2f} {row['tokens_per_step']:8.2f} "
                   f"{row['mean_nodes']:6.1f} {row['draft_ms_per_step']:8.3f}", flush=True)
