@@ -13,7 +13,8 @@ def _vllm_config(k=4, treespec=None, max_model_len=64):
     return SimpleNamespace(
         speculative_config=SimpleNamespace(num_speculative_tokens=k),
         additional_config={} if treespec is None else {"treespec": treespec},
-        model_config=SimpleNamespace(max_model_len=max_model_len, tokenizer=None),
+        model_config=SimpleNamespace(max_model_len=max_model_len, tokenizer=None,
+                                     get_vocab_size=lambda: 4096),   # as vLLM's ModelConfig
     )
 
 
