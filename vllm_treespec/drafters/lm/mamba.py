@@ -36,7 +36,6 @@ model.
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -45,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from vllm_treespec.drafters.lm.base import DraftModelError
+from vllm_treespec.drafters.lm.slots import SlotTable
 
 __all__ = ["MambaDraftLM", "SUPPORTED_ARCHITECTURES"]
 
@@ -167,16 +167,12 @@ class MambaDraftLM:
         self._ssm = [torch.zeros(rows, *ssm_shape, **kw) for _ in self._layers]
         self._last_logp = torch.zeros(self.max_requests, self.vocab_size, dtype=torch.float32)
 
-        self._slot_of: OrderedDict[str, int] = OrderedDict()     # LRU order: least recent first
-        self._free = list(range(self.max_requests - 1, -1, -1))
-        self.evictions = 0
-        self._tokens: list[np.ndarray] = [np.zeros(0, np.int64) for _ in range(self.max_requests)]
-        self._owner_gen = np.zeros(self.max_requests, np.int64)  # bumped whenever a slot changes hands
+        self.slots = SlotTable(self.max_requests)   # owners (LRU), consumed tokens, generations
         # each slot's latest step tree (node 0 = root): lets the next start_step resume from the
         # state of the deepest tree node on the newly committed tokens instead of re-feeding them
         self._tree_tok = np.zeros((self.max_requests, self.max_tree_nodes), np.int64)
         self._tree_par = np.full((self.max_requests, self.max_tree_nodes), -1, np.int64)
-        self._tree_size = np.zeros(self.max_requests, np.int64)   # 0: no usable tree
+        self._tree_size = np.zeros(self.max_requests, np.int64)   # last tree (read once tokens are consumed)
         # the current step (set by start_step)
         self._step_slots = np.zeros(0, np.int64)
         self._step_gens = np.zeros(0, np.int64)
@@ -240,46 +236,22 @@ class MambaDraftLM:
     # ------------------------------------------------------------------ slots
 
     def admit(self, req_ids: Sequence[str]) -> np.ndarray:
-        """bool [B]: which requests hold a cache slot for this step (LRU eviction outside the call)."""
-        current = set(req_ids)
-        ok = np.zeros(len(req_ids), dtype=bool)
-        for i, rid in enumerate(req_ids):
-            if rid in self._slot_of:
-                self._slot_of.move_to_end(rid)
-                ok[i] = True
-                continue
-            if self._free:
-                slot = self._free.pop()
-            else:
-                victim = next((r for r in self._slot_of if r not in current), None)
-                if victim is None:
-                    continue  # every slot belongs to a request of this call
-                slot = self._slot_of.pop(victim)
-                self.evictions += 1
-            self._assign(rid, slot)
-            ok[i] = True
-        return ok
-
-    def _assign(self, rid: str, slot: int) -> None:
-        self._slot_of[rid] = slot
-        self._tokens[slot] = np.zeros(0, np.int64)
-        self._tree_size[slot] = 0
-        self._owner_gen[slot] += 1
+        """bool [B]: which requests hold a cache slot for this step (LRU eviction outside the call).
+        A new owner's slot has consumed nothing, so its state and last tree are never reused."""
+        return self.slots.admit(req_ids)
 
     def release(self, req_ids: Iterable[str]) -> None:
         """Forget these requests' caches (unknown ids are ignored)."""
-        for rid in req_ids:
-            slot = self._slot_of.pop(rid, None)
-            if slot is not None:
-                self._tokens[slot] = np.zeros(0, np.int64)
-                self._tree_size[slot] = 0
-                self._owner_gen[slot] += 1
-                self._free.append(slot)
+        self.slots.release(req_ids)
+
+    @property
+    def evictions(self) -> int:
+        return self.slots.evictions
 
     def cached_tokens(self, req_id: str) -> int:
         """Committed tokens the request's state has consumed (0 when it has no slot)."""
-        slot = self._slot_of.get(req_id)
-        return 0 if slot is None else int(self._tokens[slot].size)
+        slot = self.slots.slot(req_id)
+        return 0 if slot is None else self.slots.length(slot)
 
     # ------------------------------------------------------------------ step
 
@@ -293,7 +265,7 @@ class MambaDraftLM:
         slots = np.empty(len(req_ids), np.int64)
         checked: list[np.ndarray] = []
         for i, (rid, ctx) in enumerate(zip(req_ids, contexts)):   # validate everything before any change
-            slot = self._slot_of.get(rid)
+            slot = self.slots.slot(rid)
             if slot is None:
                 raise ValueError(f"request {rid!r} holds no cache slot: pass only requests admit() accepted")
             ctx = self._check_tokens(np.asarray(ctx), f"context of request {rid!r}").reshape(-1)
@@ -305,16 +277,16 @@ class MambaDraftLM:
         resume: list[tuple[int, int]] = []           # (slot, tree node whose state becomes node 0)
         for i, ctx in enumerate(checked):
             slot = int(slots[i])
-            done = self._tokens[slot]
-            if done.size and done.size <= ctx.size and np.array_equal(ctx[:done.size], done):
+            done = self.slots.consumed[slot]
+            if done.size and self.slots.reuse(slot, ctx) == done.size:
                 if done.size < ctx.size:
                     node, depth = self._tree_match(slot, ctx[done.size:ctx.size - 1])
                     if depth:
                         resume.append((slot, node))
-                        self._tokens[slot] = ctx[:done.size + depth].copy()
+                        self.slots.record(slot, ctx[:done.size + depth])
                     todo.append((i, ctx))
             else:                                        # fresh, or not an extension: from the zero state
-                self._tokens[slot] = np.zeros(0, np.int64)
+                self.slots.record(slot, ctx[:0])
                 todo.append((i, ctx))
             self._tree_size[slot] = 1
         if resume:
@@ -323,18 +295,18 @@ class MambaDraftLM:
             for buf in (*self._conv, *self._ssm):
                 buf.index_copy_(0, dst, buf.index_select(0, src))
         # group by new-token count: sorted descending, a group's padded length is at most twice any member's
-        todo.sort(key=lambda item: item[1].size - self._tokens[slots[item[0]]].size, reverse=True)
+        todo.sort(key=lambda item: item[1].size - self.slots.length(slots[item[0]]), reverse=True)
         group: list[tuple[int, np.ndarray]] = []
         for item in todo:
-            new = item[1].size - self._tokens[slots[item[0]]].size
-            if group and 2 * new < group[0][1].size - self._tokens[slots[group[0][0]]].size:
+            new = item[1].size - self.slots.length(slots[item[0]])
+            if group and 2 * new < group[0][1].size - self.slots.length(slots[group[0][0]]):
                 self._catch_up(group, slots)
                 group = []
             group.append(item)
         if group:
             self._catch_up(group, slots)
         self._step_slots = slots
-        self._step_gens = self._owner_gen[slots].copy()
+        self._step_gens = self.slots.generation[slots].copy()
         self._step_next = np.ones(len(req_ids), np.int64)
         return self._last_logp[torch.from_numpy(slots)].clone()
 
@@ -353,7 +325,7 @@ class MambaDraftLM:
     def _catch_up(self, group: list[tuple[int, np.ndarray]], slots: np.ndarray) -> None:
         """Feed each row its unconsumed tokens from its committed state (node 0) in one padded batch."""
         rows = [slots[i] for i, _ in group]
-        starts = [self._tokens[s].size for s in rows]
+        starts = [self.slots.length(s) for s in rows]
         lens = [ctx.size - st for (_, ctx), st in zip(group, starts)]
         width = max(lens)
         tokens = np.zeros((len(group), width), np.int64)
@@ -388,7 +360,7 @@ class MambaDraftLM:
             buf.index_copy_(0, node0, s)
         self._last_logp[slot_t] = self._log_probs(last_hidden).cpu()
         for (_, ctx), slot in zip(group, rows):
-            self._tokens[slot] = ctx.astype(np.int64, copy=True)
+            self.slots.record(slot, ctx)
 
     @torch.inference_mode()
     def extend(self, req_index: np.ndarray, parent: np.ndarray, tokens: np.ndarray) -> torch.Tensor:
@@ -407,7 +379,7 @@ class MambaDraftLM:
         if req_index.min() < 0 or req_index.max() >= rows:
             raise ValueError(f"extend: req_index out of range for the {rows} requests of this step")
         slots = self._step_slots[req_index]
-        if np.any(self._owner_gen[slots] != self._step_gens[req_index]):
+        if np.any(self.slots.generation[slots] != self._step_gens[req_index]):
             raise ValueError("extend: a request lost its cache slot since start_step (released or evicted)")
         if parent.min() < 0 or np.any(parent >= self._step_next[req_index]):
             bad = int(np.flatnonzero((parent < 0) | (parent >= self._step_next[req_index]))[0])

@@ -24,20 +24,26 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 
 
 class SlotTable:
-    """Request id -> slot index, with the tokens each slot's cache was built from."""
+    """Request id -> slot index, with the tokens each slot's cache was built from and a
+    generation per slot (bumped whenever the slot changes hands, so a runtime can tell that a
+    slot it planned with was evicted or released in between)."""
 
-    def __init__(self, num_slots: int, max_len: int) -> None:
+    def __init__(self, num_slots: int) -> None:
         if num_slots < 1:
             raise ValueError(f"a draft LM cache needs at least one slot, got {num_slots}")
         self.num_slots = num_slots
-        self.tokens = np.zeros((num_slots, max_len), dtype=np.int64)   # consumed token ids
-        self.length = np.zeros(num_slots, dtype=np.int64)              # valid entries per slot
+        self.consumed: list[np.ndarray] = [np.zeros(0, np.int64)] * num_slots   # token ids held
+        self.generation = np.zeros(num_slots, dtype=np.int64)
         self._owner: OrderedDict[str, int] = OrderedDict()               # LRU order, oldest first
         self._free = list(range(num_slots - 1, -1, -1))
         self.evictions = 0
 
     def slot(self, req_id: str) -> int | None:
         return self._owner.get(req_id)
+
+    def length(self, slot: int) -> int:
+        """Committed tokens the slot's cache holds."""
+        return int(self.consumed[slot].shape[0])
 
     def admit(self, req_ids: Sequence[str]) -> np.ndarray:
         """Slots for these requests (bool [B]: got one); evicts the least recently used
@@ -54,10 +60,9 @@ class SlotTable:
                 victim = next((v for v in self._owner if v not in wanted), None)
                 if victim is None:
                     continue
-                self._free.append(self._owner.pop(victim))
+                self._vacate(self._owner.pop(victim))
                 self.evictions += 1
             s = self._free.pop()
-            self.length[s] = 0
             self._owner[r] = s
             ok[i] = True
         return ok
@@ -66,15 +71,17 @@ class SlotTable:
         for r in req_ids:
             s = self._owner.pop(r, None)
             if s is not None:
-                self.length[s] = 0
-                self._free.append(s)
+                self._vacate(s)
+
+    def _vacate(self, slot: int) -> None:
+        self.consumed[slot] = np.zeros(0, np.int64)
+        self.generation[slot] += 1
+        self._free.append(slot)
 
     def reuse(self, slot: int, context: np.ndarray) -> int:
         """How many leading tokens of `context` the slot's cache already holds."""
-        return common_prefix(self.tokens[slot, :self.length[slot]], context)
+        return common_prefix(self.consumed[slot], context)
 
     def record(self, slot: int, context: np.ndarray) -> None:
-        """The slot's cache now holds exactly `context`."""
-        n = context.shape[0]
-        self.tokens[slot, :n] = context
-        self.length[slot] = n
+        """The slot's cache now holds exactly `context` (copied)."""
+        self.consumed[slot] = np.array(context, dtype=np.int64)

@@ -147,7 +147,7 @@ class TransformerDraftLM:
         shape = (max_requests, self.max_len + self.max_tree_nodes, self.num_kv_heads, self.head_dim)
         self.k_cache = [torch.zeros(shape, dtype=self.dtype) for _ in self.layers]
         self.v_cache = [torch.zeros(shape, dtype=self.dtype) for _ in self.layers]
-        self.slots = SlotTable(max_requests, self.max_len)
+        self.slots = SlotTable(max_requests)
         self._step_slots = np.zeros(0, dtype=np.int64)
         self._base = np.zeros(0, dtype=np.int64)          # committed tokens per step request
         self._parents: list[list[int]] = []
@@ -166,7 +166,7 @@ class TransformerDraftLM:
 
     def cached_tokens(self, req_id: str) -> int:
         s = self.slots.slot(req_id)
-        return 0 if s is None else int(self.slots.length[s])
+        return 0 if s is None else self.slots.length(s)
 
     @torch.inference_mode()
     def start_step(self, req_ids: Sequence[str], contexts: Sequence[np.ndarray]) -> torch.Tensor:
