@@ -12,11 +12,11 @@ from typing import Any
 import torch
 
 from vllm_treespec.drafters.lm.base import DraftLM, DraftModelError
+from vllm_treespec.drafters.lm.mamba import SUPPORTED_ARCHITECTURES as MAMBA_ARCHITECTURES
 from vllm_treespec.drafters.lm.transformer import TRANSFORMER_ARCHITECTURES
 
 __all__ = ["DraftModelSpec", "MAMBA_ARCHITECTURES", "resolve_model_dir", "check_draft_model", "load_draft_lm"]
 
-MAMBA_ARCHITECTURES = ("MambaForCausalLM", "Mamba2ForCausalLM")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _MB = 1 << 20
 
@@ -113,11 +113,10 @@ def load_draft_lm(spec: DraftModelSpec, *, served_tokenizer: str | None, max_len
     weights_mb = weight_bytes * max(elem_ratio, 0.5) / _MB      # checkpoint size in the serving dtype (approx.)
     mamba = None
     if arch in MAMBA_ARCHITECTURES:
-        from vllm_treespec.drafters.lm.mamba import MambaDraftLM
+        from vllm_treespec.drafters.lm.mamba import load_hf_mamba, state_bytes_per_request
 
-        # one slot's recurrent states (root + tree nodes) are what MambaDraftLM preallocates
-        mamba = MambaDraftLM.load(d, max_requests=1, max_tree_nodes=max_tree_nodes, dtype=dtype)
-        per_slot_mb = mamba.state_bytes / _MB
+        mamba = load_hf_mamba(d, dtype)
+        per_slot_mb = state_bytes_per_request(mamba, max_tree_nodes) / _MB
     else:
         from vllm_treespec.drafters.lm.transformer import kv_bytes_per_slot
 
@@ -130,7 +129,9 @@ def load_draft_lm(spec: DraftModelSpec, *, served_tokenizer: str | None, max_len
             f"weights) plus one request's cache ({per_slot_mb:.1f} MB at max_model_len {max_len}); raise "
             "drafter.memory_mb, lower max_model_len or choose a smaller draft model")
     if mamba is not None:
-        return MambaDraftLM(mamba.model, max_requests=slots, max_tree_nodes=max_tree_nodes,
+        from vllm_treespec.drafters.lm.mamba import MambaDraftLM
+
+        return MambaDraftLM(mamba, max_requests=slots, max_tree_nodes=max_tree_nodes,
                             max_state_bytes=int(spec.memory_mb * _MB))
     from transformers import AutoModelForCausalLM
 

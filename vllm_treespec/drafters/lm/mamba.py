@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from vllm_treespec.drafters.lm.base import DraftModelError
 from vllm_treespec.drafters.lm.slots import SlotTable
 
-__all__ = ["MambaDraftLM", "SUPPORTED_ARCHITECTURES"]
+__all__ = ["MambaDraftLM", "SUPPORTED_ARCHITECTURES", "load_hf_mamba", "state_bytes_per_request"]
 
 SUPPORTED_ARCHITECTURES = ("MambaForCausalLM", "Mamba2ForCausalLM")
 DEFAULT_MAX_STATE_BYTES = 4 << 30
@@ -108,6 +108,54 @@ def _parallel_scan(da: torch.Tensor, dbx: torch.Tensor, h0: torch.Tensor) -> tor
     return dbx
 
 
+def _state_shapes(model: torch.nn.Module) -> tuple[tuple[int, int], tuple[int, ...]]:
+    """Per node and layer: the conv state [conv_dim, kernel - 1] and the SSM state shape."""
+    mixer = model.backbone.layers[0].mixer
+    conv = (mixer.conv1d.weight.shape[0], mixer.conv1d.weight.shape[-1] - 1)
+    if type(model).__name__ == "Mamba2ForCausalLM":
+        return conv, (mixer.num_heads, mixer.head_dim, mixer.ssm_state_size)
+    return conv, (mixer.intermediate_size, mixer.ssm_state_size)
+
+
+def state_bytes_per_node(model: torch.nn.Module) -> int:
+    """float32 bytes of one tree node's recurrent state over all layers."""
+    conv, ssm = _state_shapes(model)
+    return 4 * len(model.backbone.layers) * (conv[0] * conv[1] + int(np.prod(ssm)))
+
+
+def state_bytes_per_request(model: torch.nn.Module, max_tree_nodes: int) -> int:
+    """What MambaDraftLM preallocates per cached request: root + tree node states and last log-probs."""
+    return max_tree_nodes * state_bytes_per_node(model) + 4 * int(model.lm_head.out_features)
+
+
+def load_hf_mamba(model_dir: Path | str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """The HF Mamba / Mamba-2 model of a local directory (config.json + weights), weights as saved."""
+    model_dir = Path(model_dir)
+    cfg_path = model_dir / "config.json"
+    if not cfg_path.is_file():
+        raise DraftModelError(f"{model_dir}: no config.json, not a Hugging Face model directory")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise DraftModelError(f"{cfg_path}: not valid JSON ({e})") from None
+    archs = cfg.get("architectures") or []
+    arch = archs[0] if archs else None
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise DraftModelError(
+            f"{model_dir}: architecture {arch!r} (model_type {cfg.get('model_type')!r}) is not served by the "
+            f"Mamba draft runtime, which supports {', '.join(SUPPORTED_ARCHITECTURES)}")
+    import transformers
+
+    hf_cls = getattr(transformers, arch)
+    try:
+        # rescale_prenorm_residual is an init-time option, but transformers 5.19 also applies it
+        # to LOADED weights (out_proj /= sqrt(layers) in _init_weights), which would serve other
+        # weights than the checkpoint's: always load with it off.
+        return hf_cls.from_pretrained(str(model_dir), dtype=dtype, rescale_prenorm_residual=False)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DraftModelError(f"{model_dir}: cannot load {arch}: {e}") from e
+
+
 class MambaDraftLM:
     """`DraftLM` runtime for Hugging Face `MambaForCausalLM` and `Mamba2ForCausalLM` models.
 
@@ -147,16 +195,10 @@ class MambaDraftLM:
         self._residual_fp32 = bool(getattr(config, "residual_in_fp32", True))
         self._check_config()
 
-        mixer = self._layers[0].mixer
-        self._conv_dim = mixer.conv1d.weight.shape[0]
-        self._conv_width = mixer.conv1d.weight.shape[-1] - 1
-        if self.is_mamba2:
-            ssm_shape: tuple[int, ...] = (mixer.num_heads, mixer.head_dim, mixer.ssm_state_size)
-        else:
-            ssm_shape = (mixer.intermediate_size, mixer.ssm_state_size)
+        (self._conv_dim, self._conv_width), ssm_shape = _state_shapes(model)
         rows = self.max_requests * self.max_tree_nodes
-        per_node = 4 * len(self._layers) * (self._conv_dim * self._conv_width + int(np.prod(ssm_shape)))
-        self.state_bytes = rows * per_node + 4 * self.max_requests * self.vocab_size
+        per_node = state_bytes_per_node(model)
+        self.state_bytes = self.max_requests * state_bytes_per_request(model, self.max_tree_nodes)
         if self.state_bytes > max_state_bytes:
             raise DraftModelError(
                 f"{self.architecture}: {self.max_requests} requests x {self.max_tree_nodes} tree nodes need "
@@ -184,30 +226,7 @@ class MambaDraftLM:
     def load(cls, model_dir: Path | str, *, max_requests: int, max_tree_nodes: int,
              dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", **kwargs) -> "MambaDraftLM":
         """Load a local HF Mamba / Mamba-2 model directory (config.json + weights)."""
-        model_dir = Path(model_dir)
-        cfg_path = model_dir / "config.json"
-        if not cfg_path.is_file():
-            raise DraftModelError(f"{model_dir}: no config.json, not a Hugging Face model directory")
-        try:
-            cfg = json.loads(cfg_path.read_text())
-        except json.JSONDecodeError as e:
-            raise DraftModelError(f"{cfg_path}: not valid JSON ({e})") from None
-        archs = cfg.get("architectures") or []
-        arch = archs[0] if archs else None
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise DraftModelError(
-                f"{model_dir}: architecture {arch!r} (model_type {cfg.get('model_type')!r}) is not served by the "
-                f"Mamba draft runtime, which supports {', '.join(SUPPORTED_ARCHITECTURES)}")
-        import transformers
-
-        hf_cls = getattr(transformers, arch)
-        try:
-            # rescale_prenorm_residual is an init-time option, but transformers 5.19 also applies it
-            # to LOADED weights (out_proj /= sqrt(layers) in _init_weights), which would serve other
-            # weights than the checkpoint's: always load with it off.
-            model = hf_cls.from_pretrained(str(model_dir), dtype=dtype, rescale_prenorm_residual=False)
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise DraftModelError(f"{model_dir}: cannot load {arch}: {e}") from e
+        model = load_hf_mamba(model_dir, dtype)
         return cls(model.to(device), max_requests=max_requests, max_tree_nodes=max_tree_nodes, **kwargs)
 
     def _check_config(self) -> None:
