@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from vllm_treespec.drafters.base import DraftInputs
+from vllm_treespec.drafters.base import DraftInputs, chain_trees
 from vllm_treespec.drafters.lm.base import DraftLM
 from vllm_treespec.drafters.lm.loading import DraftModelSpec, load_draft_lm
 from vllm_treespec.tree import DraftTree
@@ -96,8 +96,7 @@ class DraftModelDrafter:
     def propose(self, inputs: DraftInputs) -> list[DraftTree]:
         started = time.perf_counter()
         n = len(inputs)
-        trees = [DraftTree.chain(inputs.root(i) if inputs.num_tokens[i] > 0 else 0, [])
-                 for i in range(n)]
+        trees = chain_trees(inputs, [()] * n)          # root-only: no drafts
         want = np.nonzero(np.asarray(inputs.budgets) > 0)[0]
         if want.size == 0:
             return trees
@@ -110,19 +109,19 @@ class DraftModelDrafter:
         contexts = [np.asarray(inputs.context(i, int(inputs.num_tokens[i])), dtype=np.int64)
                     for i in want.tolist()]
         root_lp = self.lm.start_step(ids, contexts)
-        gens = []
+        gens, arms = [], []
         for j, i in enumerate(want.tolist()):
             params = dict(self.params)
             if self.templates is not None:
-                params["template"] = self.templates[self._choose_arm(ids[j], contexts[j].shape[0])]
+                arms.append(self._choose_arm(ids[j], contexts[j].shape[0]))
+                params["template"] = self.templates[arms[-1]]
             gens.append(builder_steps(self.builder, int(contexts[j][-1]), int(inputs.budgets[i]), **params))
         expander = _LevelExpander(self.lm, root_lp, self.vocab_limit)
         built = run_lockstep(gens, expander)
         for j, i in enumerate(want.tolist()):
             trees[i] = built[j]
-            last = self.last_draft.get(ids[j])
-            if self.templates is not None and last is not None:   # the depth actually drafted
-                self.last_draft[ids[j]] = (last[0], last[1], int(built[j].depth.max()))
+            if arms:                               # the bandit learns from the depth actually drafted
+                self.last_draft[ids[j]] = (arms[j], contexts[j].shape[0], int(built[j].depth.max()))
         self.timing.observe(started, time.perf_counter(), expander.calls + 1)
         return trees
 
@@ -135,52 +134,49 @@ class DraftModelDrafter:
         if last is not None and committed > last[1] and last[2] > 0:
             bandit.lambda_gamma = self.timing.lambda_gamma(bandit.lambda_gamma)
             bandit.update(last[0], accepted_len=committed - last[1], draft_len=last[2])
-        arm = bandit.choose()
-        self.last_draft[req_id] = (arm, committed, 0)
-        return arm
+        return bandit.choose()
 
 
 class _LevelExpander:
-    """`run_lockstep`'s batched expansion: one `extend` call over every path all builders wait
-    on. A path's node is run through the drafter when it is expanded; the root's children come
-    from the catch-up call. Paths map to runtime node ids per request (siblings are distinct)."""
+    """`run_lockstep`'s batched expansion: one `extend` call over every node all builders wait
+    on. A node is run through the drafter when it is expanded (its runtime id is the next of its
+    request, in call order); the root's children come from the catch-up call."""
 
     def __init__(self, lm: DraftLM, root_logprobs: torch.Tensor, vocab_limit: int | None) -> None:
         self.lm = lm
         self.root_lp = root_logprobs
         self.vocab_limit = vocab_limit     # the target's vocabulary: never draft ids past it
-        self.node_of: dict[tuple[int, tuple[int, ...]], int] = {}
+        self.runtime_id: dict[tuple[int, int], int] = {}    # (request, builder node id) -> runtime id
         self.next_id: dict[int, int] = {}
         self.calls = 0
 
     def __call__(self, requests: Sequence[Any]) -> list[tuple[np.ndarray, np.ndarray]]:
-        rows: list[tuple[int, int, bool]] = []     # (request, row in root_lp or extend output, is_root)
+        rows: list[tuple[bool, int]] = []     # per expanded node: (is root, row in root_lp / extend output)
         req_index, parent, tokens = [], [], []
         for req in requests:
-            b, paths = int(req[0]), req[1]
-            for path in paths:
-                if not path:
-                    rows.append((b, b, True))
+            b = req.index
+            for path, node, par in zip(req.paths, req.node_ids, req.parent_ids):
+                if par < 0:
+                    rows.append((True, b))
                     continue
+                rt = self.next_id.get(b, 1)
+                self.next_id[b] = rt + 1
+                self.runtime_id[(b, node)] = rt
                 req_index.append(b)
-                parent.append(self.node_of[(b, tuple(path[:-1]))] if len(path) > 1 else 0)
+                parent.append(0 if par == 0 else self.runtime_id[(b, par)])
                 tokens.append(int(path[-1]))
-                node = self.next_id.get(b, 1)
-                self.next_id[b] = node + 1
-                self.node_of[(b, tuple(path))] = node
-                rows.append((b, len(req_index) - 1, False))
+                rows.append((False, len(req_index) - 1))
         lp = None
         if req_index:
             self.calls += 1
             lp = self.lm.extend(np.asarray(req_index), np.asarray(parent), np.asarray(tokens))
         out, r = [], 0
         for req in requests:
-            k = int(req[2])
-            sel = [rows[r + m] for m in range(len(req[1]))]
-            r += len(req[1])
-            dist = torch.stack([self.root_lp[row] if is_root else lp[row] for _, row, is_root in sel])
+            sel = rows[r:r + len(req.paths)]
+            r += len(req.paths)
+            dist = torch.stack([self.root_lp[row] if is_root else lp[row] for is_root, row in sel])
             if self.vocab_limit is not None and self.vocab_limit < dist.shape[-1]:
                 dist[:, self.vocab_limit:] = float("-inf")
-            top = torch.topk(dist, k=min(k, dist.shape[-1]), dim=-1)
+            top = torch.topk(dist, k=min(req.k, dist.shape[-1]), dim=-1)
             out.append((top.indices.numpy(), top.values.double().numpy()))
         return out
