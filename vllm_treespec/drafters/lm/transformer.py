@@ -1,9 +1,10 @@
 """Transformer draft LM runtime: a Hugging Face Llama-family model (Llama, Mistral, Qwen2,
 Qwen3) run with its own per-request KV cache and tree-masked attention (drafters/lm/base.py).
 
-The HF modules supply every op except attention (embeddings, norms, projections, rotary
-tables, MLPs, LM head), so the math is the model's own; attention is ours because HF's cache
-objects hold one sequence per batch row, while a draft tree needs many branches over one cache.
+The HF model supplies the weights, the embedding, the rotary tables and the LM head; each
+decoder layer runs as a few torch calls over its weights (q/k/v and gate/up fused), checked
+against the HF forward by the tests. Attention is ours because HF's cache objects hold one
+sequence per batch row, while a draft tree needs many branches over one cache.
 
 Cache: per layer, K and V ``[slots, max_len + max_tree_nodes, Hkv, D]`` preallocated. Column c
 of a slot holds the token at position c for committed tokens; this step's tree node j >= 1 is
@@ -170,7 +171,7 @@ class TransformerDraftLM:
 
     @torch.inference_mode()
     def start_step(self, req_ids: Sequence[str], contexts: Sequence[np.ndarray]) -> torch.Tensor:
-        slots, tokens, positions, cols, last = [], [], [], [], []
+        slots, tokens, positions, last, fed = [], [], [], [], 0
         for req_id, ctx in zip(req_ids, contexts):
             ctx = np.asarray(ctx, dtype=np.int64)
             s = self.slots.slot(req_id)
@@ -184,10 +185,11 @@ class TransformerDraftLM:
             slots.append(np.full(n - start, s, dtype=np.int64))
             tokens.append(ctx[start:])
             positions.append(np.arange(start, n, dtype=np.int64))
-            last.append(sum(t.shape[0] for t in tokens) - 1)
+            fed += n - start
+            last.append(fed - 1)
             self.slots.record(s, ctx)
         self._step_slots = np.array([self.slots.slot(r) for r in req_ids], dtype=np.int64)
-        self._base = np.array([np.asarray(c).shape[0] for c in contexts], dtype=np.int64)
+        self._base = np.array([self.slots.length(s) for s in self._step_slots], dtype=np.int64)
         self._parents = [[-1] for _ in req_ids]
         self._depths = [[0] for _ in req_ids]
         if not req_ids:
@@ -238,7 +240,7 @@ class TransformerDraftLM:
     # -- forward -------------------------------------------------------------------------
     def _rows(self, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray, cols: np.ndarray,
               prefix: np.ndarray, ancestors: list[list[int]] | None) -> _Rows:
-        """Group rows per slot (first-appearance order) and build the padded visibility mask:
+        """Group rows per slot (groups in slot order) and build the padded visibility mask:
         columns < prefix[t] plus the row's `ancestors` columns (tree rows)."""
         group_slots, group = np.unique(slots, return_inverse=True)
         order = np.argsort(group, kind="stable")
