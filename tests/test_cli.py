@@ -32,6 +32,13 @@ def test_config_check(tmp_path):
     assert out.returncode == 1 and "drafter.max_ngram" in out.stderr
     out = run("config", "check", "configs/drafters/prompt-lookup.yaml", "--num-speculative-tokens", "0")
     assert out.returncode == 0  # no max_nodes set: nothing to exceed
+    no_weights = tmp_path / "draft"
+    no_weights.mkdir()
+    (no_weights / "config.json").write_text('{"architectures": ["Qwen3ForCausalLM"]}')
+    draft = tmp_path / "draft.yaml"
+    draft.write_text(f"drafter: {{type: draft_model, path: {no_weights}}}\n")
+    out = run("config", "check", str(draft))
+    assert out.returncode == 1 and "drafter.path" in out.stderr and "has no weights" in out.stderr
 
 
 @pytest.mark.parametrize("additional, needle", [
@@ -39,6 +46,8 @@ def test_config_check(tmp_path):
     ('{"treespec": "missing-preset"}', "not found"),
     ('{"treespec": {"drafter": {"type": "prompt_lookup"}, "budget": {"max_nodes": 5}}}', "num_speculative_tokens=4"),
     ("{not json", "--additional-config: not valid JSON"),
+    ('{"treespec": {"drafter": {"type": "draft_model", "path": "/nonexistent-draft"}}}',
+     "drafter.path: '/nonexistent-draft' is not a directory"),
 ])
 def test_serve_rejects_bad_config_before_starting_vllm(additional, needle):
     out = run("serve", "/nonexistent-model", "--speculative-config", SPEC, "--additional-config", additional)

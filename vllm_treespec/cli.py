@@ -22,31 +22,24 @@ from typing import Any
 
 
 def _validate_additional_config(args: list[str]) -> None:
-    """Validate the `treespec` entry of --additional-config (if any) before vLLM starts."""
+    """Validate the `treespec` entry of --additional-config (if any) before vLLM starts; a
+    draft model's directory, architecture and tokenizer are checked against the served model."""
     from vllm_treespec.config import ConfigError, from_additional_config
 
-    raw_additional, raw_spec = None, None
-    for i, a in enumerate(args):
-        for flag in ("--additional-config", "--speculative-config"):
-            value = None
-            if a == flag and i + 1 < len(args):
-                value = args[i + 1]
-            elif a.startswith(flag + "="):
-                value = a.split("=", 1)[1]
-            if value is None:
-                continue
-            try:
-                parsed = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{flag}: not valid JSON ({e}): {value}") from None
-            if flag == "--additional-config":
-                raw_additional = parsed
-            else:
-                raw_spec = parsed
+    raw: dict[str, Any] = {}
+    for flag in ("--additional-config", "--speculative-config"):
+        value = _flag_value(args, flag)
+        if value is None:
+            continue
+        try:
+            raw[flag] = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{flag}: not valid JSON ({e}): {value}") from None
+    raw_spec = raw.get("--speculative-config")
     if not isinstance(raw_spec, dict) or "TreeProposer" not in str(raw_spec.get("model", "")):
         return
     k = raw_spec.get("num_speculative_tokens")
-    cfg = from_additional_config(raw_additional, k if isinstance(k, int) else None)
+    cfg = from_additional_config(raw.get("--additional-config"), k if isinstance(k, int) else None)
     if cfg.drafter.type == "draft_model" and args and not args[0].startswith("-"):
         from vllm_treespec.drafters.lm.loading import DraftModelSpec, check_draft_model
 
@@ -55,12 +48,14 @@ def _validate_additional_config(args: list[str]) -> None:
 
 
 def _flag_value(args: list[str], flag: str) -> str | None:
+    """The value of `flag` (`--flag v` or `--flag=v`; the last one wins, as in argparse)."""
+    value = None
     for i, a in enumerate(args):
         if a == flag and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
+            value = args[i + 1]
+        elif a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+    return value
 
 
 _METRICS_DIR: Any = None
