@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_treespec.config import (ConfigError, config_reference, from_additional_config, load_config,
-                                  resolve_path)
+from vllm_treespec.config import (CONFIGS_DIR, ConfigError, config_reference, from_additional_config,
+                                  load_config, resolve_path)
 
 OK = {"drafter": {"type": "prompt_lookup"}}
+DM = {"type": "draft_model", "path": "fixture:draft-lm"}
 
 
 def test_shipped_preset_is_valid():
@@ -14,6 +15,11 @@ def test_shipped_preset_is_valid():
     assert cfg.drafter.type == "prompt_lookup"
     assert cfg.node_budget(8) == 8
     assert load_config("prompt-lookup", 8) == cfg  # preset name resolves to the same file
+
+
+@pytest.mark.parametrize("preset", sorted(p.stem for p in (CONFIGS_DIR / "drafters").glob("*.yaml")))
+def test_every_drafter_preset_is_valid(preset):
+    assert load_config(preset, 64).source.endswith(f"{preset}.yaml")
 
 
 def test_missing_treespec_entry_uses_default_preset():
@@ -58,6 +64,21 @@ def test_inline_mapping_and_budget():
     ({"tree": {}}, ["drafter", "required"]),
     ({"drafter": "prompt_lookup"}, ["drafter", "type"]),
     ([1, 2], ["a YAML path or a mapping"]),
+    ({"drafter": {"type": "draft_model"}}, ["drafter.path", "required"]),
+    ({"drafter": {**DM, "dtype": "fp8"}}, ["drafter.dtype", "'fp8'", "'bfloat16'"]),
+    ({"drafter": {**DM, "memory_mb": 0}}, ["drafter.memory_mb", "out of range"]),
+    ({"drafter": {**DM, "max_cached_requests": 0}}, ["drafter.max_cached_requests", "out of range"]),
+    ({"drafter": {**DM, "topk": 0}}, ["drafter.topk", "out of range"]),
+    ({"drafter": {**DM, "bandit_ucb": -1}}, ["drafter.bandit_ucb", "out of range"]),
+    ({"drafter": {**DM, "templates": [[3, 0]]}, "tree": {"builder": "static"}},
+     ["drafter.templates[0]", "int in [1, 1024], got 0"]),
+    ({"drafter": {**DM, "templates": [[3, 2], [2000]]}, "tree": {"builder": "static"}},
+     ["drafter.templates[1]", "got 2000"]),
+    ({"drafter": {**DM, "templates": [[3, 2]]}, "tree": {"builder": "threshold"}},
+     ["drafter.templates", "tree.builder static", "'threshold'"]),
+    ({"drafter": DM, "tree": {"builder": "beam"}}, ["tree.builder", "'beam'", "draft_model"]),
+    ({"drafter": DM, "tree": {"builder": "best_first", "scorer": "presto"}},
+     ["tree.scorer", "draft_model", "remove tree.scorer"]),
 ])
 def test_bad_values_name_the_key(raw, needles):
     with pytest.raises(ConfigError) as e:

@@ -123,10 +123,16 @@ class DraftModelConfig:
     bandit_ucb: float = spec(0.1, ge=0.0, le=100.0, doc="templates: UCB exploration weight lambda_ucb.")
 
     def validate(self, prefix: str) -> None:
+        """Each template passes the static builder's own check (as the drafter will call it), so a
+        template the builder would refuse fails here at startup, not in the first step."""
+        from vllm_treespec.tree import BuildError
+        from vllm_treespec.tree.lockstep import builder_steps
+
         for i, t in enumerate(self.templates or ()):
-            if not t or any(f < 1 for f in t):
-                raise ConfigError(f"{prefix}.templates[{i}]: {list(t)} must be a non-empty list of "
-                                  "fan-outs >= 1")
+            try:
+                builder_steps("static", 0, 1, template=t).close()
+            except BuildError as e:
+                raise ConfigError(f"{prefix}.templates[{i}]: {e}") from None
 
 
 DRAFTERS: dict[str, type] = {"prompt_lookup": PromptLookupConfig, "ngram_trie": NgramTrieConfig,
