@@ -112,6 +112,68 @@ def test_bandit_learns_per_request_and_forgets_finished(model_dir):
     assert "a" not in drafter.bandits and drafter.lm.cached_tokens("a") == 0
 
 
+def _sp(temperature, seed=None, top_p=1.0):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(temperature=temperature, top_k=0, top_p=top_p, min_p=0.0, seed=seed)
+
+
+@pytest.mark.parametrize("builder,shape", [("static", {"template": [3, 2, 1]}),
+                                          ("threshold", {"branch": 2, "max_depth": 4, "tau": 0.01}),
+                                          ("chain", {"max_depth": 4})])
+def test_sampled_drafts_are_draws_from_the_processed_q(model_dir, builder, shape):
+    """draft_sampling: sample: a sampling request's children are distinct draws, in draw order,
+    from q = its processed fresh-forward distribution, whose rows reach the engine for exactly the
+    expanded nodes; a greedy request in the same batch keeps its top-k tree."""
+    from transformers import AutoModelForCausalLM
+
+    from vllm_treespec.verify import SamplingParamsBatch
+    from vllm_treespec.verify.sampling_params import target_probs
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+    sampled = _drafter(model_dir, {"builder": builder, **shape}, draft_sampling="sample")
+    topk = _drafter(model_dir, {"builder": builder, **shape})
+    rng = np.random.default_rng(4)
+    contexts = [rng.integers(1, VOCAB, size=n) for n in (7, 11)]
+    params = [_sp(0.0), _sp(0.8, seed=3, top_p=0.95)]
+    inputs = _inputs(contexts, [10, 10])
+    inputs.sampling = params
+    trees = sampled.propose(inputs)
+    assert trees[0].tokens.tolist() == topk.propose(_inputs(contexts, [10, 10]))[0].tokens.tolist()
+    assert set(sampled.last_draft_probs) == {1}
+    tree, dp = trees[1], sampled.last_draft_probs[1]
+    assert tree.num_draft > 1
+    expanded = set(tree.parents[1:].tolist())
+    assert {v for v in range(tree.num_nodes) if dp.node_rows[v] >= 0} >= expanded
+    sp = SamplingParamsBatch.from_params([params[1]])
+    for v in range(tree.num_nodes):
+        if dp.node_rows[v] < 0:
+            continue
+        path, u = [], v
+        while u > 0:
+            path.append(int(tree.tokens[u]))
+            u = int(tree.parents[u])
+        ids = torch.as_tensor(list(contexts[1]) + path[::-1])[None]
+        with torch.inference_mode():
+            lp = torch.log_softmax(model(input_ids=ids).logits[0, -1:].float(), -1)
+        want = target_probs(lp, sp.rows(torch.zeros(1, dtype=torch.int64)))[0]
+        q = dp.probs[dp.node_rows[v]]
+        torch.testing.assert_close(q, want, atol=1e-5, rtol=1e-4)
+        kids = tree.tokens[tree.parents == v]
+        assert len(set(kids.tolist())) == len(kids) and bool((q[torch.as_tensor(kids)] > 0).all())
+    again = _drafter(model_dir, {"builder": builder, **shape}, draft_sampling="sample")
+    inputs2 = _inputs(contexts, [10, 10])
+    inputs2.sampling = params
+    assert again.propose(inputs2)[1].tokens.tolist() == tree.tokens.tolist()   # seeded: reproducible
+
+
+def test_sample_mode_needs_a_draw_order_builder(model_dir):
+    from vllm_treespec.config import ConfigError
+
+    with pytest.raises(ConfigError, match="drafter.draft_sampling: sample needs .* 'best_first' ranks"):
+        _drafter(model_dir, {"builder": "best_first"}, draft_sampling="sample")
+
+
 def _copy(model_dir, tmp_path):
     d = tmp_path / "m"
     shutil.copytree(model_dir, d)

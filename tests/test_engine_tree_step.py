@@ -191,3 +191,56 @@ def test_ancestor_words_equal_tree_masks():
     flat = FlatTrees.concat(trees)
     got = ancestor_words(flat.offsets.numpy(), flat.parents.numpy(), flat.depth.numpy())
     assert np.array_equal(got, TreeBatch.from_trees(trees).anc_mask.numpy())
+
+
+def _draft_probs(node_rows, vocab=16, seed=0):
+    from vllm_treespec.drafters.draft_sampling import DraftProbs
+
+    m = int(max(node_rows)) + 1
+    probs = torch.softmax(torch.randn(m, vocab, generator=torch.Generator().manual_seed(seed)), -1)
+    return DraftProbs(np.asarray(node_rows, dtype=np.int64), probs)
+
+
+def _plan_q(drafts, probs):
+    req_ids = ["a", "b", "c"]
+    trees = {"a": TREE, "c": TREE}
+    num_scheduled = [len(drafts.get(r, [])) + 1 for r in req_ids]
+    qsl = np.concatenate([[0], np.cumsum(num_scheduled)])
+    return plan_tree_step(req_ids, np.array(num_scheduled), drafts, trees, qsl, np.array((10, 20, 30)),
+                          probs)
+
+
+def test_plan_maps_draft_q_rows_through_the_cut():
+    a, c = _draft_probs([0, -1, 1, -1]), _draft_probs([0, 1, 2, -1], seed=1)
+    step = _plan_q({"a": [4, 5, 6], "c": [4, 5]}, {"a": a, "c": c})
+    assert step.q_rows.tolist() == [0, -1, 1, -1] + [2, 3, 4]       # c's rows after a's two
+    assert torch.equal(step.q_probs, torch.cat([a.probs, c.probs]))
+    step = _plan_q({"a": [4, 6, 6], "c": [4]}, {"a": a})              # a: not our tree; c: no q
+    assert step.q_rows is None and step.q_probs is None
+    assert _plan_q({"a": [4, 5, 6]}, None).q_rows is None
+
+
+def test_verify_uses_rrs_exactly_when_sampled_nodes_have_q(monkeypatch):
+    from vllm import SamplingParams
+
+    from vllm_treespec.engine import tree_verifier
+
+    calls = []
+    real = tree_verifier.accept
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tree_verifier, "accept", spy)
+    step = _plan_q({"a": [4, 5, 6]}, {"a": _draft_probs([0, -1, 1, -1])})
+    logits = torch.randn(6, 16)
+    sampled = [SamplingParams(temperature=1.0)] * 3
+    verify_step(step, logits, sampled, [None] * 3, include=None, base=None, coin_rows=8)
+    kw = calls.pop()
+    assert kw["mode"] == "rrs" and kw["replacement"] is False
+    assert kw["draft_rows"].tolist() == [0, -1, 1, -1, -1, -1]          # b, c: root-only trees
+    verify_step(_plan(), logits, sampled, [None] * 3, include=None, base=None, coin_rows=8)
+    assert calls.pop()["mode"] == "target_only"                         # top-k trees: no q rows
+    verify_step(step, logits, _greedy_params(3), [None] * 3, include=None, base=None)
+    assert not calls                                                    # all greedy: the C++ walk

@@ -275,6 +275,7 @@ def _run_streams(
     seed: int,
     topk: bool = False,
     use_num_draws: bool = True,
+    drop_q: float = 0.0,
 ):
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -288,13 +289,19 @@ def _run_streams(
         tree, rows, draws = _draft_trees(
             rng, model, length[live], value[live], fanout, replacement, topk
         )
+        q_rows, q_index = model.q[torch.tensor(rows)], None
+        if drop_q:   # compact form: a random share of nodes has no q row (target-only there)
+            has = rng.random(len(rows)) >= drop_q
+            q_rows = q_rows[torch.from_numpy(has)]
+            q_index = torch.from_numpy(np.where(has, np.cumsum(has) - 1, -1))
         res = accept(
             tree,
             model.logits[torch.tensor(rows)],
             mode="rrs",
             sampling=params.rows(torch.tensor(live)),
             generators=gen,
-            draft_probs=model.q[torch.tensor(rows)],
+            draft_probs=q_rows,
+            draft_rows=q_index,
             replacement=replacement,
             num_draws=draws if (replacement and use_num_draws) else None,
         )
@@ -341,6 +348,17 @@ def test_rrs_stream_follows_target(replacement, vocab, fanout):
     )
     print(f"rrs replacement={replacement} V={vocab} fanout={fanout} p-values "
           "(3-token joint, first token):", results)
+    for joint_p, first_p in results:
+        assert joint_p > P_PASS and first_p > P_PASS
+
+
+def test_rrs_compact_rows_mix_rrs_and_target_only_nodes():
+    """Compact draft_rows: nodes without a q row use the target-only rule, node by node, in the
+    same walk as rrs nodes; the emitted stream still follows the target."""
+    model = PrefixModel(np.random.default_rng(31), vocab=6, max_len=4, draft_temp=0.8)
+    results = _run_streams(model, RRS_SETS[:2], trials=25_000, stream_len=3, fanout=(3, 2),
+                           replacement=False, seed=23, drop_q=0.4)
+    print("rrs compact (40% target-only nodes) p-values:", results)
     for joint_p, first_p in results:
         assert joint_p > P_PASS and first_p > P_PASS
 

@@ -121,6 +121,11 @@ class DraftModelConfig:
         "step (Mamba drafters paper), e.g. [[3, 3, 2, 1], [3, 2, 2, 1, 1], [2, 2, 2, 1, 1, 1]]. "
         "null = tree.template only."))
     bandit_ucb: float = spec(0.1, ge=0.0, le=100.0, doc="templates: UCB exploration weight lambda_ucb.")
+    draft_sampling: Literal["top_k", "sample"] = spec("top_k", doc=(
+        "Requests with temperature > 0: top_k = the drafter's top-k children, verified with the "
+        "target-only rule; sample = children drawn from the drafter's distribution (processed with "
+        "the request's temperature/top-k/top-p/min-p), verified by recursive rejection sampling "
+        "(tree.builder chain, static or threshold). Greedy requests always get top-k trees."))
 
     def validate(self, prefix: str) -> None:
         """Each template passes the static builder's own check (as the drafter will call it), so a
@@ -323,6 +328,12 @@ def _check_drafter_tree(cfg: TreespecConfig) -> None:
         if cfg.tree.scorer != "acc_logp":
             raise ConfigError("tree.scorer: draft_model trees rank paths by the drafter's accumulated "
                               "log-prob; remove tree.scorer")
+        from vllm_treespec.tree.sampled import SAMPLED_BUILDERS
+
+        if cfg.drafter.draft_sampling == "sample" and cfg.tree.builder not in SAMPLED_BUILDERS:
+            raise ConfigError(f"drafter.draft_sampling: sample needs a tree.builder that keeps draws in "
+                              f"draw order ({', '.join(SAMPLED_BUILDERS)}); {cfg.tree.builder!r} ranks "
+                              "children by value. Set draft_sampling: top_k or change tree.builder")
 
 
 def _check_budget(cfg: TreespecConfig, num_speculative_tokens: int) -> None:

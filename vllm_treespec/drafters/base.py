@@ -39,6 +39,9 @@ class DraftInputs:
     num_tokens: np.ndarray
     budgets: np.ndarray
     target: TargetStates | None = None   # set for drafters with `uses_target_states = True`
+    # per request its SamplingParams (temperature, top_k, top_p, min_p, seed; None = unknown),
+    # set for drafters with `samples_drafts = True`
+    sampling: Sequence[Any] | None = None
 
     def __len__(self) -> int:
         return len(self.req_ids)
@@ -75,6 +78,10 @@ def chain_trees(inputs: DraftInputs, chains: Sequence[Sequence[int]]) -> list[Dr
 
 
 class Drafter(Protocol):
+    """Optionally, ``samples_drafts = True``: the proposer passes `DraftInputs.sampling`, and after
+    each `propose` the drafter's ``last_draft_probs`` maps batch index -> `DraftProbs`
+    (drafters/draft_sampling.py) for every tree whose children were drawn from q; those nodes
+    are verified by recursive rejection sampling, all others by the target-only rule."""
     name: str
     uses_target_states: bool   # False: the proposer skips collecting TargetStates
 

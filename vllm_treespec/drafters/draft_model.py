@@ -13,8 +13,12 @@ template each step (tree/bandit.py) and learns from the tokens the previous step
 lambda_gamma (drafter cost per level over the target's step cost) is measured online: the
 drafter's own seconds per level over the wall time between two drafting calls minus drafting.
 
-Drafts are the drafter's top-k children (deterministic), so sampled requests are verified with
-the target-only rule, which is exact for any fixed candidate set.
+Sampling: with `drafter.draft_sampling: top_k` (default) drafts are the drafter's top-k
+children (deterministic) and sampled requests are verified with the target-only rule, exact for
+any fixed candidate set. With `sample`, the trees of requests with temperature > 0 are DRAWN from
+the drafter's q processed like the request's own sampling (drafters/draft_sampling.py), shaped
+by the draw-order builders of tree/sampled.py, and verified by recursive rejection sampling with
+the q rows handed over in `last_draft_probs`; greedy requests keep top-k trees.
 """
 from __future__ import annotations
 
@@ -25,11 +29,13 @@ import numpy as np
 import torch
 
 from vllm_treespec.drafters.base import DraftInputs, chain_trees
+from vllm_treespec.drafters.draft_sampling import DraftProbs, DraftSampler, samples
 from vllm_treespec.drafters.lm.base import DraftLM
 from vllm_treespec.drafters.lm.loading import DraftModelSpec, load_draft_lm
 from vllm_treespec.tree import DraftTree
 from vllm_treespec.tree.bandit import TemplateBandit
 from vllm_treespec.tree.lockstep import builder_steps, run_lockstep
+from vllm_treespec.tree.sampled import sampled_steps
 
 __all__ = ["DraftModelDrafter"]
 
@@ -74,27 +80,34 @@ class DraftModelDrafter:
         self.last_draft: dict[str, tuple[int, int, int]] = {}  # req -> (arm, committed then, depth drafted)
         self.timing = _Timing()
         self.no_slot = 0          # request-steps that drafted nothing for want of a cache slot
+        self.sampled_trees = 0    # trees whose children were drawn from q (verified by rrs)
         self.lm: DraftLM = load_draft_lm(
             DraftModelSpec(cfg.path, cfg.dtype, cfg.memory_mb, cfg.max_cached_requests),
             served_tokenizer=tokenizer_dir, max_len=max_model_len, max_tree_nodes=max_nodes + 1)
         self.vocab_limit = vocab_limit
+        self.samples_drafts = cfg.draft_sampling == "sample"   # the proposer passes SamplingParams
+        self.sampler = DraftSampler(vocab_limit) if self.samples_drafts else None
+        self.last_draft_probs: dict[int, DraftProbs] = {}     # batch index -> q rows, last propose
 
     def load(self, target_model: Any) -> None:
         """The draft model is separate from the target; it was loaded (and checked) at construction."""
 
     def on_requests_finished(self, req_ids: Sequence[str]) -> None:
         self.lm.release(req_ids)
+        if self.sampler is not None:
+            self.sampler.release(req_ids)
         for r in req_ids:
             self.bandits.pop(r, None)
             self.last_draft.pop(r, None)
 
     def counters(self) -> dict[str, int]:
         """Drafter-side counts for tests and reports."""
-        return {"no_slot": self.no_slot, "evictions": self.lm.evictions}
+        return {"no_slot": self.no_slot, "evictions": self.lm.evictions, "sampled_trees": self.sampled_trees}
 
     # -- drafting ------------------------------------------------------------------------
     def propose(self, inputs: DraftInputs) -> list[DraftTree]:
         started = time.perf_counter()
+        self.last_draft_probs = {}
         n = len(inputs)
         trees = chain_trees(inputs, [()] * n)          # root-only: no drafts
         want = np.nonzero(np.asarray(inputs.budgets) > 0)[0]
@@ -109,17 +122,26 @@ class DraftModelDrafter:
         contexts = [np.asarray(inputs.context(i, int(inputs.num_tokens[i])), dtype=np.int64)
                     for i in want.tolist()]
         root_lp = self.lm.start_step(ids, contexts)
-        gens, arms = [], []
+        gens, arms, drawn = [], [], {}
         for j, i in enumerate(want.tolist()):
             params = dict(self.params)
             if self.templates is not None:
                 arms.append(self._choose_arm(ids[j], contexts[j].shape[0]))
                 params["template"] = self.templates[arms[-1]]
-            gens.append(builder_steps(self.builder, int(contexts[j][-1]), int(inputs.budgets[i]), **params))
-        expander = _LevelExpander(self.lm, root_lp, self.vocab_limit)
-        built = run_lockstep(gens, expander)
+            root, budget = int(contexts[j][-1]), int(inputs.budgets[i])
+            sp = inputs.sampling[i] if self.sampler is not None and inputs.sampling else None
+            if samples(sp):
+                drawn[j] = (sp, self.sampler.generator(ids[j], sp))
+                gens.append(sampled_steps(self.builder, root, budget, **params))
+            else:
+                gens.append(builder_steps(self.builder, root, budget, **params))
+        expander = _LevelExpander(self.lm, root_lp, self.vocab_limit, self.sampler, drawn)
+        built = run_lockstep(gens, expander, ordered=True)
         for j, i in enumerate(want.tolist()):
             trees[i] = built[j]
+            if j in drawn:
+                self.last_draft_probs[i] = expander.draft_probs(j, built[j].num_nodes)
+                self.sampled_trees += int(built[j].num_draft > 0)
             if arms:                               # the bandit learns from the depth actually drafted
                 self.last_draft[ids[j]] = (arms[j], contexts[j].shape[0], int(built[j].depth.max()))
         self.timing.observe(started, time.perf_counter(), expander.calls + 1)
@@ -140,12 +162,20 @@ class DraftModelDrafter:
 class _LevelExpander:
     """`run_lockstep`'s batched expansion: one `extend` call over every node all builders wait
     on. A node is run through the drafter when it is expanded (its runtime id is the next of its
-    request, in call order); the root's children come from the catch-up call."""
+    request, in call order); the root's children come from the catch-up call.
 
-    def __init__(self, lm: DraftLM, root_logprobs: torch.Tensor, vocab_limit: int | None) -> None:
+    Requests in ``drawn`` (index -> (SamplingParams, generator)) get draws from their processed
+    q in draw order instead of the top-k, and the q row of every node they expand is kept."""
+
+    def __init__(self, lm: DraftLM, root_logprobs: torch.Tensor, vocab_limit: int | None,
+                 sampler: DraftSampler | None = None, drawn: dict[int, tuple[Any, Any]] | None = None
+                 ) -> None:
         self.lm = lm
         self.root_lp = root_logprobs
         self.vocab_limit = vocab_limit     # the target's vocabulary: never draft ids past it
+        self.sampler = sampler
+        self.drawn = drawn or {}
+        self.q_rows: dict[int, tuple[list[int], list[torch.Tensor]]] = {}  # request -> (node ids, q)
         self.runtime_id: dict[tuple[int, int], int] = {}    # (request, builder node id) -> runtime id
         self.next_id: dict[int, int] = {}
         self.calls = 0
@@ -175,8 +205,31 @@ class _LevelExpander:
             sel = rows[r:r + len(req.paths)]
             r += len(req.paths)
             dist = torch.stack([self.root_lp[row] if is_root else lp[row] for is_root, row in sel])
+            if req.index in self.drawn:
+                out.append(self._draw(req, dist))
+                continue
             if self.vocab_limit is not None and self.vocab_limit < dist.shape[-1]:
                 dist[:, self.vocab_limit:] = float("-inf")
             top = torch.topk(dist, k=min(req.k, dist.shape[-1]), dim=-1)
             out.append((top.indices.numpy(), top.values.double().numpy()))
         return out
+
+    def _draw(self, req: Any, dist: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        assert self.sampler is not None
+        params, gen = self.drawn[req.index]
+        q = self.sampler.q(dist, params)
+        nodes, rows = self.q_rows.setdefault(req.index, ([], []))
+        nodes.extend(req.node_ids)
+        rows.append(q)
+        return self.sampler.draw(q, req.k, gen)
+
+    def draft_probs(self, index: int, num_nodes: int) -> DraftProbs:
+        """The q rows of request ``index``'s sampled tree (builder ids = tree indices)."""
+        nodes, rows = self.q_rows.get(index, ([], []))
+        node_rows = np.full(num_nodes, -1, dtype=np.int64)
+        ids = np.asarray(nodes, dtype=np.int64)
+        keep = ids < num_nodes
+        node_rows[ids[keep]] = np.nonzero(keep)[0]
+        width = self.vocab_limit or self.root_lp.shape[-1]
+        probs = torch.cat(rows) if rows else torch.zeros((0, width))
+        return DraftProbs(node_rows, probs)

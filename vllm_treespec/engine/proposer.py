@@ -58,12 +58,18 @@ class TreeProposer:
             vllm_config.additional_config, self.num_speculative_tokens)
         self.node_budget = self.config.node_budget(self.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
-        self.drafter = make_drafter(self.config.drafter, vllm_config.model_config.tokenizer,
+        tokenizer = vllm_config.model_config.tokenizer
+        if self.config.drafter.type == "draft_model" and vllm_config.model_config.skip_tokenizer_init:
+            logger.warning("TreeProposer: skip_tokenizer_init is set, so the draft model's tokenizer "
+                           "cannot be compared with the served model's; token ids are taken as shared")
+            tokenizer = None
+        self.drafter = make_drafter(self.config.drafter, tokenizer,
                                     self.config.tree, max_model_len=self.max_model_len,
                                     max_nodes=self.node_budget,
                                     vocab_limit=vllm_config.model_config.get_vocab_size())
         self.requests: dict[str, RequestStats] = {}
         self.trees: dict[str, DraftTree] = {}
+        self.draft_probs: dict[str, Any] = {}   # req id -> DraftProbs of its sampled tree (rrs)
         self.stats = TreeStats(self.num_speculative_tokens, metrics=make_metrics())
         self._last_verified: tuple[TreeStep | None, np.ndarray] = (None, np.zeros((0, 1), dtype=np.int64))
         self.step_started_at: float | None = None   # set by the _prepare_inputs patch
@@ -88,6 +94,7 @@ class TreeProposer:
         for req_id in req_ids:
             self.requests.pop(req_id, None)
             self.trees.pop(req_id, None)
+            self.draft_probs.pop(req_id, None)
         observe = getattr(self.drafter, "observe_output", None)
         if observe is not None and runner is not None:
             batch = runner.input_batch
@@ -175,14 +182,22 @@ class TreeProposer:
                 fb = self.requests[req_ids[i]].fallback_steps
                 fb[reason] = fb.get(reason, 0) + 1
                 self.stats.observe_fallback(reason)
+        sampling = None
+        if getattr(self.drafter, "samples_drafts", False):
+            cached = [self._cached(runner, r) if runner is not None else None for r in req_ids]
+            sampling = [c.sampling_params if c is not None else None for c in cached]
         inputs = DraftInputs(req_ids=req_ids, token_ids=token_ids_cpu, rows=np.arange(n, dtype=np.int64),
-                             num_tokens=num_tokens, budgets=budgets, target=target)
+                             num_tokens=num_tokens, budgets=budgets, target=target, sampling=sampling)
         trees = self.drafter.propose(inputs)
+        probs = getattr(self.drafter, "last_draft_probs", None) or {}
         drafts: list[list[int]] = []
         for i, (req_id, tree) in enumerate(zip(req_ids, trees)):
+            self.draft_probs.pop(req_id, None)
             if tree.num_draft:
                 self.trees[req_id] = tree
                 drafts.append(tree.draft_token_ids())
+                if i in probs:
+                    self.draft_probs[req_id] = probs[i]
             else:
                 self.trees.pop(req_id, None)
                 drafts.append([])
@@ -199,7 +214,7 @@ class TreeProposer:
                   num_computed: np.ndarray) -> TreeStep:
         """Match the scheduled drafts to our trees (see engine/tree_step.py)."""
         return plan_tree_step(batch_req_ids, num_scheduled, scheduled_drafts, self.trees,
-                              query_start_loc, num_computed)
+                              query_start_loc, num_computed, self.draft_probs)
 
     def sample(self, runner: Any, step: TreeStep, logits: Any,
                vllm_sample: Callable[[], Any]) -> Any:

@@ -13,13 +13,14 @@ tree's nodes; only three things differ from a chain, and this plan carries them:
 The scheduler may cut a request's drafts to a prefix (token budget, max_model_len): the tree is
 cut the same way (any prefix of the node list is a tree). If the scheduled tokens are not a
 prefix of the tree we drafted (which should not happen), the request is verified as the chain
-it then is, which is exact for any token sequence. Drafts we did not make (vLLM pads newly
+it then is, which is exact for any token sequence (and, having no draft q rows, by the
+target-only rule even when its drafts were sampled). Drafts we did not make (vLLM pads newly
 scheduled decodes with -1 "drafts" for uniform batches) are left to vLLM's rejection sampler.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -113,6 +114,8 @@ class TreeStep:
     first_logit: np.ndarray      # int64 [num_reqs] first logits row of each batch request
     tree_of_req: np.ndarray      # int64 [num_reqs] index into the trees, -1 = no tree
     query_start_loc: np.ndarray  # int64 [num_reqs + 1] flat row of each request's first token
+    q_rows: np.ndarray | None = None    # int64 [T] row of q_probs per tree node (-1 = none)
+    q_probs: torch.Tensor | None = None  # float32 [M, V] draft q of sampled trees' expanded nodes
 
     @property
     def logit_rows(self) -> np.ndarray:
@@ -131,19 +134,24 @@ class TreeStep:
 
 def plan_tree_step(batch_req_ids: Sequence[str], num_scheduled: np.ndarray,
                    scheduled_drafts: Mapping[str, Sequence[int]], trees: Mapping[str, DraftTree],
-                   query_start_loc: np.ndarray, num_computed: np.ndarray) -> TreeStep:
+                   query_start_loc: np.ndarray, num_computed: np.ndarray,
+                   draft_probs: Mapping[str, Any] | None = None) -> TreeStep:
     """The plan for this step (with no trees when no request has drafts: sampling still runs
     through tree acceptance, so a seeded request's random stream never depends on its batch).
 
     batch_req_ids / num_scheduled / query_start_loc [num_reqs + 1] / num_computed: the runner's
     batch in row order; scheduled_drafts: the scheduler's draft tokens per request id;
-    trees: the trees the proposer drafted last step, by request id.
+    trees: the trees the proposer drafted last step, by request id; draft_probs: the q rows
+    (drafters/draft_sampling.DraftProbs) of those whose children were drawn from q.
     """
     num_reqs = len(batch_req_ids)
     req_idx: list[int] = []
     cut: list[DraftTree] = []
     num_draft = np.zeros(num_reqs, dtype=np.int64)
     foreign: list[int] = []
+    q_index: list[np.ndarray] = []
+    q_parts: list[Any] = []
+    q_count = 0
     for i, req_id in enumerate(batch_req_ids):
         drafts = scheduled_drafts.get(req_id)
         if not drafts:
@@ -160,8 +168,17 @@ def plan_tree_step(batch_req_ids: Sequence[str], num_scheduled: np.ndarray,
             # not the tree we drafted: verify as a chain (exact for any tokens)
             root = tree.tokens[0] if tree is not None else 0
             tree = DraftTree.chain(int(root), drafts)
+            rows = np.full(n + 1, -1, dtype=np.int64)
         else:
             tree = tree.prefix(n)
+            dp = draft_probs.get(req_id) if draft_probs else None
+            rows = np.full(n + 1, -1, dtype=np.int64)
+            if dp is not None:
+                local = dp.node_rows[:n + 1]
+                rows = np.where(local >= 0, local + q_count, -1)
+                q_parts.append(dp.probs)
+                q_count += int(dp.probs.shape[0])
+        q_index.append(rows)
         req_idx.append(i)
         cut.append(tree)
     idx = np.asarray(req_idx, dtype=np.int64)
@@ -183,7 +200,9 @@ def plan_tree_step(batch_req_ids: Sequence[str], num_scheduled: np.ndarray,
         node_rows=torch.from_numpy(node_rows), positions=torch.from_numpy(positions), slot_mapping=None,
         attn=attn, max_num_draft=int(num_draft.max()) if num_reqs else 0,
         foreign=np.asarray(foreign, dtype=np.int64), first_logit=first_logit, tree_of_req=tree_of_req,
-        query_start_loc=np.asarray(query_start_loc, dtype=np.int64)[:num_reqs + 1].copy())
+        query_start_loc=np.asarray(query_start_loc, dtype=np.int64)[:num_reqs + 1].copy(),
+        q_rows=np.concatenate(q_index) if q_parts else None,
+        q_probs=torch.cat(q_parts) if q_parts else None)
 
 
 def _attention_plan(idx: np.ndarray, batch: FlatTrees, local: np.ndarray, node_rows: np.ndarray,

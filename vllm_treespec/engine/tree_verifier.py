@@ -17,8 +17,11 @@ step runs. Requests whose path is the node prefix 1..a move nothing.
 
 Sampling: greedy requests (temperature < 1e-5) take the argmax; others use the
 ``target_only`` rule, which emits exact samples of the target distribution for trees whose
-shape does not depend on this step's random numbers (all our drafters' trees are deterministic),
-with each request's own seeded generator when it has one.
+shape does not depend on this step's random numbers (top-k trees), with each request's own
+seeded generator when it has one. Nodes whose children were drawn from a drafter's q (the step
+carries their q rows, `TreeStep.q_rows`) are verified by recursive rejection sampling without
+replacement instead, node by node in the same acceptance call (verify/accept.py, compact
+``draft_rows``).
 """
 from __future__ import annotations
 
@@ -72,17 +75,8 @@ def greedy_walk(offsets: torch.Tensor, tokens: torch.Tensor, parents: torch.Tens
     return Walk(torch.from_numpy(emitted), torch.from_numpy(nodes))
 
 
-def sampling_batch(params: Sequence[Any]) -> SamplingParamsBatch:
-    """Temperature / top-k / top-p / min-p of vLLM SamplingParams, one per request."""
-    return SamplingParamsBatch.from_lists(
-        temperature=[float(p.temperature) for p in params],
-        top_k=[int(p.top_k or 0) for p in params],
-        top_p=[float(p.top_p) for p in params],
-        min_p=[float(p.min_p) for p in params])
-
-
 def _layout(step: TreeStep, include: np.ndarray | None) -> tuple[Any, ...]:
-    """(offsets, tokens, parents, depth, logit_rows) of the batch requests accept() verifies:
+    """(offsets, tokens, parents, depth, logit_rows, q_rows) of the batch requests accept() verifies:
     their trees, or root-only trees for requests without drafts. include: sorted batch rows;
     None = every request (then logit_rows is None: all logits rows, in order, no gather copy)."""
     t = step.trees
@@ -98,6 +92,7 @@ def _layout(step: TreeStep, include: np.ndarray | None) -> tuple[Any, ...]:
     tokens = np.zeros(total, dtype=np.int64)
     parents = np.full(total, -1, dtype=np.int64)
     depth = np.zeros(total, dtype=np.int64)
+    q_rows = np.full(total, -1, dtype=np.int64) if step.q_rows is not None else None
     if has_tree.any():
         k = np.nonzero(has_tree)[0]
         n = sizes[k]
@@ -107,11 +102,13 @@ def _layout(step: TreeStep, include: np.ndarray | None) -> tuple[Any, ...]:
         tokens[dst] = t.tokens.numpy()[src]
         parents[dst] = t.parents.numpy()[src]
         depth[dst] = t.depth.numpy()[src]
+        if q_rows is not None:
+            q_rows[dst] = step.q_rows[src]
     logit_rows = None
     if include is not None:
         logit_rows = torch.from_numpy(np.repeat(step.first_logit[idx], sizes) + local_index(sizes))
     f = torch.from_numpy
-    return f(offsets), f(tokens), f(parents), f(depth), logit_rows
+    return f(offsets), f(tokens), f(parents), f(depth), logit_rows, q_rows
 
 
 def verify_step(step: TreeStep, logits: torch.Tensor, params: Sequence[Any],
@@ -123,7 +120,7 @@ def verify_step(step: TreeStep, logits: torch.Tensor, params: Sequence[Any],
     generators: one per verified request; base: vLLM's sampler output whose other rows are kept;
     coin_rows: fixed coin block per seeded request (see verify/coins.py).
     """
-    offsets, tokens, parents, depth, logit_rows = _layout(step, include)
+    offsets, tokens, parents, depth, logit_rows, q_rows = _layout(step, include)
     node_logits = logits if logit_rows is None else logits[logit_rows]
     if node_logits.shape[0] != int(offsets[-1]):
         raise RuntimeError(f"tree verification: {node_logits.shape[0]} logits rows for "
@@ -132,9 +129,14 @@ def verify_step(step: TreeStep, logits: torch.Tensor, params: Sequence[Any],
     greedy = all(float(p.temperature) < SAMPLING_EPS for p in params)
     if greedy:
         result: Any = greedy_walk(offsets, tokens, parents, node_logits, width)
+    elif q_rows is not None and bool((q_rows >= 0).any()):
+        result = accept((offsets, tokens, parents, depth), node_logits, mode="rrs",
+                        sampling=SamplingParamsBatch.from_params(params), generators=list(generators),
+                        draft_probs=step.q_probs, draft_rows=torch.from_numpy(q_rows),
+                        replacement=False, max_depth=width - 1, coin_rows=coin_rows)
     else:
         result = accept((offsets, tokens, parents, depth), node_logits, mode="target_only",
-                        sampling=sampling_batch(params), generators=list(generators),
+                        sampling=SamplingParamsBatch.from_params(params), generators=list(generators),
                         max_depth=width - 1, coin_rows=coin_rows)
     if base is None:
         return result.emitted, result

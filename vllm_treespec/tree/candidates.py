@@ -195,13 +195,15 @@ class Expander:
         return clean_children(tok, lp, len(paths), k)
 
 
-def clean_children(tokens, logprobs, n_paths: int, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def clean_children(tokens, logprobs, n_paths: int, k: int, *, keep_order: bool = False
+                   ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Validate and clean one batch of raw expander output for `n_paths` paths asked for `k`.
 
     ``tokens`` int [n_paths, <= k] and ``logprobs`` [n_paths, <= k] (numpy, torch on any device,
     or nested lists): per path its children's token ids, -1 padding anywhere. Per row, -1 entries
     and repeated tokens (first kept) are dropped, the rest ordered by log-prob, highest first
-    (ties keep the given order), so rank 0 is the top-1 child. Raises `CandidateError` on a wrong
+    (ties keep the given order), so rank 0 is the top-1 child; with ``keep_order`` the given order
+    is kept (sampled children in draw order, tree/sampled.py). Raises `CandidateError` on a wrong
     shape or a kept log-prob that is not finite and <= 0. This is the one cleaning step every
     expansion goes through (`Expander.expand`, `vllm_treespec.tree.lockstep.run_lockstep`).
 
@@ -227,7 +229,8 @@ def clean_children(tokens, logprobs, n_paths: int, k: int) -> list[tuple[np.ndar
                 raise CandidateError(f"expander log-prob {l} for token {t} is not finite <= 0")
             seen.add(t)
             keep.append((-l, j, t, l))
-        keep.sort()
+        if not keep_order:
+            keep.sort()
         out.append((np.array([x[2] for x in keep], dtype=np.int64),
                     np.array([x[3] for x in keep], dtype=np.float64)))
     return out

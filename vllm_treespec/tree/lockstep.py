@@ -189,7 +189,7 @@ def builder_steps(builder: str, root: int, budget: int, *, context: Sequence[int
 
 
 def run_lockstep(generators: Sequence[Generator[Expansion, list, DraftTree]],
-                 expand_batch: ExpandBatch) -> list[DraftTree]:
+                 expand_batch: ExpandBatch, *, ordered: bool = False) -> list[DraftTree]:
     """Advance all step generators together; one ``expand_batch`` call per round.
 
     ``generators``: step generators (`builder_steps`, or any builder's ``*_steps``), fresh, one
@@ -198,7 +198,9 @@ def run_lockstep(generators: Sequence[Generator[Expansion, list, DraftTree]],
     the requests of all unfinished generators, in generator order, and never with an empty list.
     Returns each generator's DraftTree, in order. If anything raises, the unfinished generators
     are closed and the error propagates; a malformed result raises `CandidateError` naming the
-    request.
+    request. ``ordered``: children are passed on in the order ``expand_batch`` gave them instead
+    of sorted by log-prob (for `vllm_treespec.tree.sampled` generators, whose children are draws
+    in draw order; top-k rows that are already sorted reach the other builders unchanged).
     """
     gens = list(generators)
     trees: list[DraftTree | None] = [None] * len(gens)
@@ -229,7 +231,7 @@ def run_lockstep(generators: Sequence[Generator[Expansion, list, DraftTree]],
                 raise CandidateError(
                     f"expand_batch returned {'None' if raw is None else len(raw)} results for "
                     f"{len(requests)} requests")
-            answers = [_clean(r, res) for r, res in zip(requests, raw)]
+            answers = [_clean(r, res, ordered) for r, res in zip(requests, raw)]
             pending.clear()
             for r, kids in zip(requests, answers):
                 step(r.index, kids)
@@ -241,13 +243,13 @@ def run_lockstep(generators: Sequence[Generator[Expansion, list, DraftTree]],
     return trees  # type: ignore[return-value]
 
 
-def _clean(req: ExpandRequest, res) -> list[tuple[np.ndarray, np.ndarray]]:
+def _clean(req: ExpandRequest, res, ordered: bool) -> list[tuple[np.ndarray, np.ndarray]]:
     try:
         tokens, logprobs = res
     except (TypeError, ValueError):
         raise CandidateError(f"expand_batch result for request {req.index} must be a (tokens, "
                              f"logprobs) pair, got {type(res).__name__}") from None
     try:
-        return clean_children(tokens, logprobs, len(req.paths), req.k)
+        return clean_children(tokens, logprobs, len(req.paths), req.k, keep_order=ordered)
     except CandidateError as e:
         raise CandidateError(f"expand_batch result for request {req.index}: {e}") from None

@@ -19,6 +19,11 @@ Modes, for requests with temperature >= 1e-5 (requests below it are always greed
   or Sequoia (``replacement=False``, draws without replacement). Children must be in draw order.
   Lossless only when the children are the drafter's draws (possibly cut to a prefix of the node
   list, which keeps a prefix of each node's draws); never use it on deterministic top-k children.
+  With ``draft_rows`` (compact form), ``draft_probs`` holds only the rows that exist and
+  ``draft_rows[u]`` says which one is u's (-1 = none): a node without a q row is verified with
+  the target-only rule, which is exact for any children not chosen with this step's coins. So
+  one call serves a batch mixing sampled drafts (rrs) and top-k drafts (target-only), node by
+  node, and the engine never materialises q rows for leaves or top-k trees.
 
 Coins: one block per request per call (see coins.py); in ``rrs`` node c's first coin decides c's
 acceptance, and every node's last coin draws the token sampled at that node.
@@ -71,53 +76,79 @@ def _first(mask: torch.Tensor) -> int:
     return int(mask.nonzero()[0, 0])
 
 
+def _check_draft_rows(draft_rows: Any, num_q: int, layout: TreeLayout,
+                      device: torch.device) -> torch.Tensor:
+    """int64 [T]: each tree row's q row (compact form) or -1; identity for the full form."""
+    if draft_rows is None:
+        return torch.arange(layout.num_rows, device=device)
+    idx = torch.as_tensor(draft_rows, device=device)
+    if idx.shape != (layout.num_rows,) or idx.dtype.is_floating_point:
+        raise ValueError(f"draft_rows must be an integer tensor of shape [{layout.num_rows}] (one "
+                         f"entry per tree row), got {tuple(idx.shape)} {idx.dtype}")
+    idx = idx.to(torch.int64)
+    if idx.numel() and (int(idx.min()) < -1 or int(idx.max()) >= num_q):
+        raise ValueError(f"draft_rows entries must be -1 or a row of draft_probs (0..{num_q - 1})")
+    return idx
+
+
 def _check_draft_probs(
-    draft_probs: Any, layout: TreeLayout, vocab: int, device: torch.device, full: bool
-) -> torch.Tensor:
+    draft_probs: Any, draft_rows: Any, layout: TreeLayout, vocab: int, device: torch.device,
+    full: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q rows, q row index per tree row or -1)."""
     if draft_probs is None:
         raise ValueError(
             "mode='rrs' needs draft_probs [T, V]: row u = the drafter distribution u's children "
             "were sampled from (use mode='target_only' for deterministic candidate sets)"
         )
     q = torch.as_tensor(draft_probs, device=device)
-    if q.shape != (layout.num_rows, vocab):
+    if draft_rows is None and q.shape != (layout.num_rows, vocab):
         raise ValueError(
             f"draft_probs must have shape [T, V] = [{layout.num_rows}, {vocab}] like logits, "
             f"got {tuple(q.shape)}"
         )
+    if draft_rows is not None and (q.dim() != 2 or q.shape[1] != vocab):
+        raise ValueError(f"draft_probs must have shape [M, V] with V = {vocab} like logits, "
+                         f"got {tuple(q.shape)}")
     if not q.dtype.is_floating_point:
         raise TypeError(f"draft_probs must be floating point, got {q.dtype}")
+    index = _check_draft_rows(draft_rows, q.shape[0], layout, device)
     if full:
-        _check_rows_are_distributions(q, layout)
+        _check_rows_are_distributions(q, index, layout)
     draft = layout.parents >= 0
-    q_drafted = q[layout.global_parents[draft], layout.tokens[draft]]
+    parent_q = index[layout.global_parents[draft]]
+    has_q = parent_q >= 0
+    q_drafted = q[parent_q[has_q], layout.tokens[draft][has_q]]
     if bool((q_drafted <= 0).any()):
-        row = int(draft.nonzero()[_first(q_drafted <= 0), 0])
+        row = int(draft.nonzero()[has_q.nonzero()[_first(q_drafted <= 0), 0], 0])
         raise ValueError(
             f"draft token at flat row {row} has zero probability under its parent's draft_probs "
             "row, so it cannot have been sampled from it"
         )
-    return q
+    return q, index
 
 
-def _check_rows_are_distributions(q: torch.Tensor, layout: TreeLayout) -> None:
+def _check_rows_are_distributions(q: torch.Tensor, index: torch.Tensor, layout: TreeLayout) -> None:
     # Row sums and minima in one pass each, without copying [T, V]: a finite sum rules out
-    # inf/nan entries, a non-negative minimum rules out negative ones.
-    has_kids = layout.num_children > 0
+    # inf/nan entries, a non-negative minimum rules out negative ones. Only rows of nodes with
+    # children matter (in the compact form: the rows such nodes point at).
+    has_kids = torch.zeros(q.shape[0], dtype=torch.bool, device=q.device)
+    used = (layout.num_children > 0) & (index >= 0)
+    has_kids[index[used]] = True
     sums = q.sum(dim=1, dtype=torch.float32)
     bad = has_kids & ~torch.isfinite(sums)
     if not bool(bad.any()):
         bad = has_kids & (q.amin(dim=1) < 0)
     if bool(bad.any()):
         raise ValueError(
-            f"draft_probs row {_first(bad)} (a node with children) has negative, inf or nan "
+            f"draft_probs row {_first(bad)} (of a node with children) has negative, inf or nan "
             "entries"
         )
     bad = has_kids & ((sums - 1).abs() > PROB_SUM_TOL)
     if bool(bad.any()):
         row = _first(bad)
         raise ValueError(
-            f"draft_probs row {row} (a node with children) sums to {float(sums[row]):.6f}, "
+            f"draft_probs row {row} (of a node with children) sums to {float(sums[row]):.6f}, "
             "not 1: pass probabilities (softmax of the drafter logits), not logits"
         )
 
@@ -149,6 +180,7 @@ def accept(
     sampling: SamplingParamsBatch | None = None,
     generators: Generators = None,
     draft_probs: torch.Tensor | None = None,
+    draft_rows: torch.Tensor | None = None,
     replacement: bool | None = None,
     num_draws: torch.Tensor | None = None,
     max_depth: int | None = None,
@@ -166,7 +198,11 @@ def accept(
             (ignored in greedy mode).
         generators: None, one torch.Generator for all requests, or a list of B (None entries
             use torch's default generator).
-        draft_probs: float [T, V] drafter distributions, required by "rrs".
+        draft_probs: float [T, V] drafter distributions, required by "rrs"; with
+            ``draft_rows``, only the rows that exist: [M, V].
+        draft_rows: "rrs" only, optional: int64 [T], row of ``draft_probs`` holding the q that
+            node u's children were drawn from, -1 for nodes whose children were not drawn from
+            a q (those nodes use the target-only rule; see the module docstring).
         replacement: "rrs" only and required there: were each node's children drawn i.i.d.
             (True) or without replacement (False)?
         num_draws: "rrs" with replacement only: int64 [T], how many consecutive i.i.d. draws a
@@ -219,6 +255,7 @@ def accept(
         params = sampling.validated(num_requests, device)
         is_greedy = params.is_greedy
     q_all: torch.Tensor | None = None
+    q_index: torch.Tensor | None = None
     draws: torch.Tensor | None = None
     if mode == "rrs":
         if replacement is None:
@@ -226,10 +263,13 @@ def accept(
                 "mode='rrs' needs replacement=True (children drawn i.i.d. from q) or False "
                 "(drawn without replacement); the rule that is lossless depends on it"
             )
-        q_all = _check_draft_probs(draft_probs, layout, vocab, device, full=validate)
+        q_all, q_index = _check_draft_probs(draft_probs, draft_rows, layout, vocab, device,
+                                            full=validate)
         draws = _check_num_draws(num_draws, replacement, layout, device)
     elif num_draws is not None:
         raise ValueError("num_draws is only used by mode='rrs' with replacement=True")
+    elif draft_rows is not None:
+        raise ValueError("draft_rows is only used by mode='rrs'")
 
     all_greedy = bool(is_greedy.all())
     coins = None
@@ -280,20 +320,29 @@ def accept(
                 picked[s] = sample_categorical(probs, coins[srows, 0])
             else:
                 assert q_all is not None and replacement is not None
-                probs /= probs.sum(dim=1, keepdim=True)  # ratios need an exact distribution
-                child, residual = recursive_rejection(
-                    probs,
-                    q_all[srows].to(torch.float64),
-                    layout.children[srows],
-                    layout.tokens,
-                    coins[:, 0],
-                    replacement,
-                    draws,
-                )
-                correction = sample_categorical(residual, coins[srows, 1])
-                picked[s] = torch.where(child >= 0, layout.tokens[child.clamp(min=0)], correction)
-                chosen[s] = child
-                lookup[s] = False  # a correction ends the walk even if it equals a child token
+                has_q = q_index[srows] >= 0
+                t = (~has_q).nonzero().squeeze(1)
+                if t.numel():           # no q row: target-only rule (the node's last coin)
+                    picked[s[t]] = sample_categorical(probs[t], coins[srows[t], 1])
+                r = has_q.nonzero().squeeze(1)
+                if r.numel():
+                    rs, rrows = s[r], srows[r]
+                    rp = probs[r] if t.numel() else probs
+                    rp /= rp.sum(dim=1, keepdim=True)  # ratios need an exact distribution
+                    child, residual = recursive_rejection(
+                        rp,
+                        q_all[q_index[rrows]].to(torch.float64),
+                        layout.children[rrows],
+                        layout.tokens,
+                        coins[:, 0],
+                        replacement,
+                        draws,
+                    )
+                    correction = sample_categorical(residual, coins[rrows, 1])
+                    picked[rs] = torch.where(child >= 0, layout.tokens[child.clamp(min=0)],
+                                             correction)
+                    chosen[rs] = child
+                    lookup[rs] = False  # a correction ends the walk even if it equals a child
         if bool(lookup.any()):
             li = lookup.nonzero().squeeze(1)
             chosen[li] = find_child(layout.children, layout.tokens, rows[li], picked[li])

@@ -65,6 +65,16 @@ class SamplingParamsBatch:
         )
 
     @classmethod
+    def from_params(cls, params: Sequence[object]) -> SamplingParamsBatch:
+        """From objects with ``temperature``, ``top_k``, ``top_p``, ``min_p`` attributes (vLLM's
+        SamplingParams; top_k None/0/-1 = off)."""
+        return cls.from_lists(
+            temperature=[float(p.temperature) for p in params],
+            top_k=[int(p.top_k or 0) for p in params],
+            top_p=[float(p.top_p) for p in params],
+            min_p=[float(p.min_p) for p in params])
+
+    @classmethod
     def greedy(cls, batch_size: int) -> SamplingParamsBatch:
         return cls.from_lists([0.0] * batch_size)
 
