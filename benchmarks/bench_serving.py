@@ -50,6 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="with --trees: also prompt-lookup trees with these continue_prob values")
     p.add_argument("--ngram-k", type=int, nargs="+", default=None,
                    help="K values for vLLM's ngram (default: -k); the fastest is the reference")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature of every request (> 0: outputs are not compared)")
     p.add_argument("--output", type=Path, default=None,
                    help="JSON path (default: benchmarks/results/bench_serving_<fixture>_<UTC time>.json)")
     ns = p.parse_args(argv)
@@ -168,12 +170,14 @@ def run_and_record(ns: argparse.Namespace, benchmark: str, configs: list, refere
         if ns.rounds > 1:
             print(f"round {r + 1} of {ns.rounds}", flush=True)
         rounds.append(run_comparison(str(model_dir), order, prompts, max_tokens=ns.max_tokens,
-                                     concurrencies=ns.concurrency, warmup_prompts=warmup))
-    ok = all(all_match(summarize(ms, baseline="off")) for ms in rounds)
+                                     concurrencies=ns.concurrency, warmup_prompts=warmup,
+                                     temperature=ns.temperature))
+    greedy = ns.temperature == 0.0
+    ok = all(all_match(summarize(ms, baseline="off", compare_outputs=greedy)) for ms in rounds)
     measurements, rates = median_measurements(rounds)
     measurements.sort(key=lambda m: ([c.name for c in configs].index(m.config), m.concurrency))
     ref_name = fastest(measurements, reference_names, min(ns.concurrency))
-    rows = summarize(measurements, baseline="off", reference=ref_name)
+    rows = summarize(measurements, baseline="off", reference=ref_name, compare_outputs=greedy)
     for row in rows:
         row["tokens_per_s_rounds"] = rates[(row["config"], row["concurrency"])]
 
@@ -195,7 +199,7 @@ def run_and_record(ns: argparse.Namespace, benchmark: str, configs: list, refere
         "reference": ref_name,
         "ngram_range": [NGRAM_MIN, NGRAM_MAX],
         "concurrencies": ns.concurrency,
-        "sampling": {"temperature": 0.0, "ignore_eos": True},
+        "sampling": {"temperature": ns.temperature, "ignore_eos": True},
         "serve_args": list(CPU_SERVE_ARGS),
         "configs": [{"name": c.name, "args": list(c.args)} for c in configs],
         "rounds": ns.rounds,

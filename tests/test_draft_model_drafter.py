@@ -172,6 +172,10 @@ def test_sample_mode_needs_a_draw_order_builder(model_dir):
 
     with pytest.raises(ConfigError, match="drafter.draft_sampling: sample needs .* 'best_first' ranks"):
         _drafter(model_dir, {"builder": "best_first"}, draft_sampling="sample")
+    # auto (the default) samples wherever the builder keeps draw order, top_k elsewhere
+    assert not _drafter(model_dir, {"builder": "best_first"}).samples_drafts
+    assert _drafter(model_dir, {"builder": "threshold"}).samples_drafts
+    assert not _drafter(model_dir, {"builder": "threshold"}, draft_sampling="top_k").samples_drafts
 
 
 def _copy(model_dir, tmp_path):

@@ -4,7 +4,8 @@ a draft model's trees are drawn from its q and verified by recursive rejection s
 Target and cases: tests/sampled_cases.py (16-token random Qwen3, 5000 seeded requests per case,
 chi-square against the exact law of 4-token continuations). The draft is the target with noisy
 weights: close enough that many draws are accepted, different enough that rejections and
-residual draws happen at every depth; it drafts branching template trees. A plain chain (one draw
+residual draws happen at every depth; it drafts branching template trees and DynaTree trees
+(sampled by default: draft_sampling auto). A plain chain (one draw
 per node, standard speculative sampling) is drafted by the target itself: with q = p every draw
 must be accepted, which shows that each q row is aligned with the target row it is verified
 against. Seeded requests reproduce exactly.
@@ -20,6 +21,7 @@ from sampled_cases import CASES, ENGINE, check_distribution, check_seeded_repeat
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SHAPES = {"template": {"builder": "static", "template": [3, 2, 1]},      # noisy draft
+          "dynatree": {"builder": "threshold", "branch": 2, "max_depth": 4, "tau": 0.05},  # noisy
           "chain": {"builder": "chain", "max_depth": 4}}                   # the target itself
 
 
@@ -38,15 +40,16 @@ def noisy_draft(tiny_vocab_model, tmp_path_factory):
 
 
 def _spec(draft, shape: str) -> dict:
-    return dict(speculative_config=spec_config(8), additional_config={"treespec": {
-        "drafter": {"type": "draft_model", "path": str(draft), "draft_sampling": "sample",
-                    "max_cached_requests": 256, "memory_mb": 256},
-        "tree": SHAPES[shape]}})
+    drafter = {"type": "draft_model", "path": str(draft), "max_cached_requests": 256, "memory_mb": 256}
+    if shape != "dynatree":                 # dynatree: the default (auto) samples for threshold
+        drafter["draft_sampling"] = "sample"
+    return dict(speculative_config=spec_config(8),
+                additional_config={"treespec": {"drafter": drafter, "tree": SHAPES[shape]}})
 
 
 @pytest.fixture(scope="module")
 def sampled(tiny_vocab_model, noisy_draft):
-    drafts = {"template": noisy_draft, "chain": tiny_vocab_model}
+    drafts = {"template": noisy_draft, "dynatree": noisy_draft, "chain": tiny_vocab_model}
     return {shape: run_engine(tiny_vocab_model, {**ENGINE, **_spec(drafts[shape], shape)},
                               phases(shape == "template"), inspect_proposer=True)
             for shape in SHAPES}
@@ -63,7 +66,7 @@ def test_drafts_were_sampled_and_accepted(sampled, shape):
     state = sampled[shape]["proposer"][0]
     assert state["drafter"]["sampled_trees"] > 1000
     stats = state["stats"]
-    if shape == "template":
+    if shape != "chain":
         assert stats["accepted"] > 0.2 * stats["verified_trees"]  # the noisy draft is often right
         assert stats["kv_moves"] > 0                              # accepted off the first chain
     else:

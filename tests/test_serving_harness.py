@@ -103,6 +103,14 @@ def test_summarize_rows():
     assert all_match([rows["off"], rows["ngram"]])
 
 
+def test_sampled_runs_do_not_compare_outputs():
+    ms = [Measurement("off", 1, _load([(1, 2)], 1.0, [1.0]), SpecMetrics()),
+          Measurement("tree", 1, _load([(3, 4)], 0.5, [1.0]), SpecMetrics())]
+    rows = summarize(ms, baseline="off", compare_outputs=False)
+    assert all(r["exact_match"] is None for r in rows) and all_match(rows)
+    assert rows[1]["speedup_vs_off"] == pytest.approx(2.0)
+
+
 def test_summarize_compares_at_equal_concurrency_only():
     out = [(1, 2)]
     ms = [Measurement("off", 1, _load(out, 1.0, [1.0]), SpecMetrics()),

@@ -59,6 +59,7 @@ def _stderr(msg: str) -> None:
 def run_comparison(model_dir: str, configs: Sequence[ServeConfig], prompts: Sequence[str], *,
                    max_tokens: int, concurrencies: Sequence[int] = (1,),
                    warmup_prompts: Sequence[str] = (), warmup_max_tokens: int = 16,
+                   temperature: float = 0.0,
                    log: Callable[[str], None] = _stderr) -> list[Measurement]:
     """Serve `model_dir` once per config; after a warm-up, run `prompts` at each concurrency.
 
@@ -71,10 +72,11 @@ def run_comparison(model_dir: str, configs: Sequence[ServeConfig], prompts: Sequ
         with serve(model_dir, cfg.args) as server:
             if warmup_prompts:
                 run_load(server, warmup_prompts, max_tokens=warmup_max_tokens,
-                         concurrency=max(concurrencies))
+                         concurrency=max(concurrencies), temperature=temperature)
             for c in concurrencies:
                 before = scrape_spec_metrics(server)
-                load = run_load(server, prompts, max_tokens=max_tokens, concurrency=c)
+                load = run_load(server, prompts, max_tokens=max_tokens, concurrency=c,
+                                temperature=temperature)
                 delta = scrape_spec_metrics(server) - before
                 out.append(Measurement(cfg.name, c, load, delta))
                 tau = delta.tau
@@ -142,11 +144,12 @@ def tokens_per_step(output_tokens: int, accepted: float) -> float | None:
 
 
 def summarize(measurements: Sequence[Measurement], baseline: str,
-              reference: str | None = None) -> list[dict[str, Any]]:
+              reference: str | None = None, compare_outputs: bool = True) -> list[dict[str, Any]]:
     """One row per (config, concurrency): throughput, tau, latencies, exact match and speedups.
 
     Exact match and speedups compare against `baseline` (speculation off) at the same
-    concurrency; `reference` (e.g. vLLM's ngram) gets its own speedup column.
+    concurrency; `reference` (e.g. vLLM's ngram) gets its own speedup column. Sampled runs pass
+    ``compare_outputs=False`` (unseeded samples differ run to run; exact_match is then None).
     """
     by_key = {(m.config, m.concurrency): m for m in measurements}
     rows = []
@@ -155,7 +158,8 @@ def summarize(measurements: Sequence[Measurement], baseline: str,
         ref = by_key.get((reference, m.concurrency)) if reference else None
         lat = m.load.latencies_s
         outputs = [r.output_key() for r in m.load.requests]
-        match = exact_matches(outputs, [r.output_key() for r in base.load.requests]) if base else None
+        match = (exact_matches(outputs, [r.output_key() for r in base.load.requests])
+                 if base and compare_outputs else None)
         rows.append({
             "config": m.config,
             "concurrency": m.concurrency,

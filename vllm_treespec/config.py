@@ -121,11 +121,19 @@ class DraftModelConfig:
         "step (Mamba drafters paper), e.g. [[3, 3, 2, 1], [3, 2, 2, 1, 1], [2, 2, 2, 1, 1, 1]]. "
         "null = tree.template only."))
     bandit_ucb: float = spec(0.1, ge=0.0, le=100.0, doc="templates: UCB exploration weight lambda_ucb.")
-    draft_sampling: Literal["top_k", "sample"] = spec("top_k", doc=(
+    draft_sampling: Literal["auto", "top_k", "sample"] = spec("auto", doc=(
         "Requests with temperature > 0: top_k = the drafter's top-k children, verified with the "
         "target-only rule; sample = children drawn from the drafter's distribution (processed with "
         "the request's temperature/top-k/top-p/min-p), verified by recursive rejection sampling "
-        "(tree.builder chain, static or threshold). Greedy requests always get top-k trees."))
+        "(tree.builder chain, static or threshold); auto = sample where tree.builder allows it, "
+        "else top_k. Greedy requests always get top-k trees."))
+
+    def samples_with(self, builder: str) -> bool:
+        """Are sampled requests' trees drawn from q with this tree builder?"""
+        from vllm_treespec.tree.sampled import SAMPLED_BUILDERS
+
+        return self.draft_sampling == "sample" or (self.draft_sampling == "auto"
+                                                   and builder in SAMPLED_BUILDERS)
 
     def validate(self, prefix: str) -> None:
         """Each template passes the static builder's own check (as the drafter will call it), so a

@@ -13,9 +13,10 @@ template each step (tree/bandit.py) and learns from the tokens the previous step
 lambda_gamma (drafter cost per level over the target's step cost) is measured online: the
 drafter's own seconds per level over the wall time between two drafting calls minus drafting.
 
-Sampling: with `drafter.draft_sampling: top_k` (default) drafts are the drafter's top-k
-children (deterministic) and sampled requests are verified with the target-only rule, exact for
-any fixed candidate set. With `sample`, the trees of requests with temperature > 0 are DRAWN from
+Sampling: with `drafter.draft_sampling: top_k` drafts are the drafter's top-k children
+(deterministic) and sampled requests are verified with the target-only rule, exact for any fixed
+candidate set. With `sample` (and `auto`, the default, for the chain / static / threshold
+builders), the trees of requests with temperature > 0 are DRAWN from
 the drafter's q processed like the request's own sampling (drafters/draft_sampling.py), shaped
 by the draw-order builders of tree/sampled.py, and verified by recursive rejection sampling with
 the q rows handed over in `last_draft_probs`; greedy requests keep top-k trees.
@@ -85,7 +86,7 @@ class DraftModelDrafter:
             DraftModelSpec(cfg.path, cfg.dtype, cfg.memory_mb, cfg.max_cached_requests),
             served_tokenizer=tokenizer_dir, max_len=max_model_len, max_tree_nodes=max_nodes + 1)
         self.vocab_limit = vocab_limit
-        self.samples_drafts = cfg.draft_sampling == "sample"   # the proposer passes SamplingParams
+        self.samples_drafts = cfg.samples_with(self.builder)   # the proposer passes SamplingParams
         self.sampler = DraftSampler(vocab_limit) if self.samples_drafts else None
         self.last_draft_probs: dict[int, DraftProbs] = {}     # batch index -> q rows, last propose
 
