@@ -1,0 +1,93 @@
+"""Head checkpoints: a directory with config.json (the head's shape and its target's) and
+model.safetensors (every trained tensor; the token embedding is the target's and is not saved).
+
+Loading checks the head against the served target before any weight is used and fails with a
+`HeadCheckpointError` naming the key and the fix: missing directory or files, a config that is
+not a head's, or a target whose hidden size, vocabulary or layer count differs from the one the
+head was trained on (its features would be read from the wrong layers or widths).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from vllm_treespec.drafters.heads.dart import DartConfig, DartHead
+from vllm_treespec.schema import ConfigError
+
+__all__ = ["HeadCheckpointError", "save_head", "load_head", "check_head_dir"]
+
+WEIGHTS = "model.safetensors"
+
+
+class HeadCheckpointError(ConfigError):
+    """A head checkpoint that cannot serve this target (message names the key and the fix)."""
+
+
+def save_head(head: DartHead, out_dir: Path, extra: dict[str, Any] | None = None) -> Path:
+    """Write config.json and model.safetensors (and training metadata, if any, to head.json)."""
+    from safetensors.torch import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    head.config.save(out_dir / "config.json")
+    save_file({k: v.detach().contiguous().cpu() for k, v in head.trainable_state().items()},
+              str(out_dir / WEIGHTS))
+    if extra:
+        (out_dir / "head.json").write_text(json.dumps(extra, indent=2) + "\n")
+    return out_dir
+
+
+def check_head_dir(path: str | Path, key: str = "drafter.path") -> tuple[Path, DartConfig]:
+    """The directory and its config, after the checks that need no target."""
+    d = Path(path)
+    if not d.is_dir():
+        raise HeadCheckpointError(f"{key}: {str(d)!r} is not a directory; point it at a head "
+                                  "checkpoint (config.json + model.safetensors), e.g. one written "
+                                  "by `vllm-treespec train`")
+    for name in ("config.json", WEIGHTS):
+        if not (d / name).is_file():
+            raise HeadCheckpointError(f"{key}: {str(d)!r} has no {name}; copy the whole checkpoint "
+                                      "directory")
+    try:
+        config = DartConfig.load(d / "config.json")
+    except (TypeError, ValueError, KeyError) as e:
+        raise HeadCheckpointError(f"{key}: {str(d / 'config.json')!r} is not a draft-head config "
+                                  f"({e})") from None
+    return d, config
+
+
+def _check_target(config: DartConfig, target: Any, key: str) -> None:
+    """target: an object with hidden_size, vocab_size, num_hidden_layers (an HF config)."""
+    for name, mine, theirs in (("hidden_size", config.hidden_size, target.hidden_size),
+                               ("vocab_size", config.vocab_size, target.vocab_size),
+                               ("num_hidden_layers", config.target_num_layers, target.num_hidden_layers)):
+        if int(mine) != int(theirs):
+            raise HeadCheckpointError(
+                f"{key}: the head was trained for a target with {name}={mine}, the served model has "
+                f"{name}={theirs}; train a head for this model (`vllm-treespec train`) or serve the "
+                "model it was trained on")
+
+
+def load_head(path: str | Path, target_config: Any, embed: nn.Embedding, *,
+              key: str = "drafter.path", dtype: torch.dtype | None = None) -> DartHead:
+    """The head of checkpoint `path`, checked against the served target and sharing its embedding."""
+    from safetensors.torch import load_file
+
+    d, config = check_head_dir(path, key)
+    _check_target(config, target_config, key)
+    head = DartHead(config, embed)
+    state = load_file(str(d / WEIGHTS))
+    expected = head.trainable_state()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(state) if state[k].shape != expected[k].shape)
+    if missing or unexpected or wrong:
+        raise HeadCheckpointError(
+            f"{key}: {str(d / WEIGHTS)!r} does not match its config.json (missing {missing[:3]}, "
+            f"unexpected {unexpected[:3]}, wrong shape {wrong[:3]}); re-export the checkpoint")
+    head.load_state_dict(state, strict=False)
+    head = head.eval().requires_grad_(False)
+    return head.to(dtype) if dtype is not None else head
