@@ -61,3 +61,10 @@ def test_config_reference_in_readme_is_current():
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert config_reference() in readme, "README's configuration reference is stale: paste `vllm-treespec config reference`"
+
+
+def test_train_dart_without_data_says_what_to_run(tmp_path, capsys):
+    from vllm_treespec.cli import main
+
+    assert main(["train", "dart", "fixture:tiny", "--data", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    assert "run `vllm-treespec train data` first" in capsys.readouterr().err

@@ -16,7 +16,7 @@ V, H = 37, 32
 
 def _head(within="causal", depth=4, seed=0):
     torch.manual_seed(seed)
-    cfg = DartConfig(hidden_size=H, vocab_size=V, target_num_layers=6, feature_layers=eagle3_layers(6),
+    cfg = DartConfig(hidden_size=H, vocab_size=V, target_num_layers=6, feature_layers=(0, 1, 2),
                      depth=depth, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=48,
                      within_block=within)
     head = DartHead(cfg, nn.Embedding(V, H)).double().eval()
@@ -91,7 +91,7 @@ def test_embedding_must_match_the_target():
     cfg = DartConfig(hidden_size=H, vocab_size=V, target_num_layers=6, feature_layers=(0, 1, 2))
     with pytest.raises(ValueError, match="target embedding"):
         DartHead(cfg, nn.Embedding(V + 1, H))
-    assert eagle3_layers(32) == (1, 15, 28) and eagle3_layers(2) == (1, 0, 0)
+    assert eagle3_layers(32) == (1, 15, 28) and eagle3_layers(3) == (0, 1) and eagle3_layers(2) == (0,)
 
 
 def test_checkpoint_round_trip_and_target_errors(tmp_path):

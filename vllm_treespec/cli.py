@@ -160,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     cfg.set_defaults(func=cmd_config)
     from vllm_treespec.ngram.cli import add_subcommands as add_ngram_subcommands
     add_ngram_subcommands(sub)
+    from vllm_treespec.train.cli import add_subcommands as add_train_subcommands
+    add_train_subcommands(sub)
     return p
 
 

@@ -33,10 +33,14 @@ from vllm_treespec.train.masks import block_positions, prefix_shared_mask
 __all__ = ["DartConfig", "DartHead", "DartCache", "eagle3_layers"]
 
 
-def eagle3_layers(num_layers: int) -> tuple[int, int, int]:
-    """The target layers DART and EAGLE-3 read: 1, L/2 - 1, L - 4 (clamped for tiny targets)."""
-    last = num_layers - 1
-    return (min(1, last), min(max(num_layers // 2 - 1, 0), last), min(max(num_layers - 4, 0), last))
+def eagle3_layers(num_layers: int) -> tuple[int, ...]:
+    """The target layers DART and EAGLE-3 read: outputs of layers 1, L/2 - 1, L - 4 (0-based).
+    For small targets they are clamped to [0, L - 2] (the last layer's output is not a residual
+    stream vLLM hands out) and deduplicated."""
+    if num_layers < 2:
+        raise ValueError(f"a draft head needs a target with >= 2 layers, got {num_layers}")
+    top = num_layers - 2
+    return tuple(sorted({min(max(l, 0), top) for l in (1, num_layers // 2 - 1, num_layers - 4)}))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,141 @@
+"""`vllm-treespec train {data,dart}`: regenerate training data with the target, train a DART head.
+
+    vllm-treespec train data fixture:code-lm --out data/code --num-prompts 256 --max-tokens 128
+    vllm-treespec train dart fixture:code-lm --data data/code --out heads/dart --steps 600
+
+`train data` writes shards plus data.json (target, feature layers, top-K, prompts recipe);
+`train dart` reads them, holds out every tenth sequence (at least one) for evaluation, resumes from --out's
+training state when it exists, and writes the head checkpoint (config.json, model.safetensors,
+head.json with the recipe and the held-out per-depth accuracy / hit@10).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+
+def add_subcommands(subparsers: Any) -> None:
+    tr = subparsers.add_parser("train", help="draft-head training: data generation and recipes")
+    sub = tr.add_subparsers(dest="train_command", required=True)
+    d = sub.add_parser("data", help="regenerate continuations with the target; save features + top-K")
+    d.add_argument("model", help="target model directory or fixture:NAME")
+    d.add_argument("--out", required=True, type=Path, help="output directory for shards")
+    d.add_argument("--num-prompts", type=int, default=256)
+    d.add_argument("--prompt-chars", type=int, default=600)
+    d.add_argument("--max-tokens", type=int, default=128)
+    d.add_argument("--topk", type=int, default=16, help="teacher top-K kept per position")
+    d.add_argument("--layers", type=int, nargs="+", default=None,
+                   help="target layers (0-based outputs) to read; default EAGLE-3's 1, L/2-1, L-4")
+    d.add_argument("--temperature", type=float, default=0.0)
+    d.add_argument("--seed", type=int, default=0)
+    d.set_defaults(func=cmd_data)
+    t = sub.add_parser("dart", help="train a DART head on shards from `train data`")
+    t.add_argument("model", help="the target (its embedding is shared; shapes are checked)")
+    t.add_argument("--data", required=True, type=Path)
+    t.add_argument("--out", required=True, type=Path)
+    t.add_argument("--depth", type=int, default=8)
+    t.add_argument("--steps", type=int, default=600)
+    t.add_argument("--batch-size", type=int, default=8)
+    t.add_argument("--window", type=int, default=64)
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--gamma", type=float, default=0.6)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--within-block", choices=["causal", "bidirectional"], default="causal")
+    t.add_argument("--no-resume", action="store_true")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.set_defaults(func=cmd_dart)
+
+
+def _model_dir(spec: str) -> Path:
+    from vllm_treespec.drafters.lm.loading import resolve_model_dir
+
+    return resolve_model_dir(spec)
+
+
+def cmd_data(ns: argparse.Namespace) -> int:
+    from transformers import AutoConfig
+
+    from vllm_treespec.drafters.heads.dart import eagle3_layers
+    from vllm_treespec.fixtures.corpus import training_prompts
+    from vllm_treespec.train.data import generate_shards
+
+    model = _model_dir(ns.model)
+    layers = ns.layers or list(eagle3_layers(AutoConfig.from_pretrained(str(model)).num_hidden_layers))
+    prompts = training_prompts(ns.num_prompts, ns.prompt_chars, seed=ns.seed)
+    paths = generate_shards(model, prompts, ns.out, feature_layers=layers, max_tokens=ns.max_tokens,
+                            topk=ns.topk, temperature=ns.temperature, seed=ns.seed,
+                            engine={"dtype": "float32", "max_model_len": 2048})
+    manifest = {"model": str(model), "feature_layers": layers, "topk": ns.topk,
+                "max_tokens": ns.max_tokens, "temperature": ns.temperature,
+                "prompts": {"source": "vllm_treespec.fixtures.corpus.training_prompts",
+                            "count": ns.num_prompts, "prompt_chars": ns.prompt_chars, "seed": ns.seed},
+                "shards": [p.name for p in paths]}
+    (ns.out / "data.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    print(ns.out)
+    return 0
+
+
+def cmd_dart(ns: argparse.Namespace) -> int:
+    import torch
+    from torch import nn
+    from transformers import AutoModelForCausalLM
+
+    from vllm_treespec.drafters.heads.checkpoint import save_head
+    from vllm_treespec.drafters.heads.dart import DartConfig, DartHead
+    from vllm_treespec.train.dart_recipe import DartRecipe, evaluate_head, train_dart
+    from vllm_treespec.train.shards import SequenceWindows, load_shards
+
+    manifest_path = ns.data / "data.json"
+    if not manifest_path.is_file():
+        print(f"train dart: {manifest_path} not found; run `vllm-treespec train data` first", file=sys.stderr)
+        return 2
+    manifest = json.loads(manifest_path.read_text())
+    model = _model_dir(ns.model)
+    target = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
+    tc = target.config
+    weights = target.get_input_embeddings().weight.detach().clone()
+    embed = nn.Embedding.from_pretrained(weights, freeze=True)
+    del target
+    config = DartConfig(hidden_size=tc.hidden_size, vocab_size=tc.vocab_size,
+                        target_num_layers=tc.num_hidden_layers,
+                        feature_layers=tuple(manifest["feature_layers"]), depth=ns.depth,
+                        num_heads=tc.num_attention_heads, num_kv_heads=tc.num_key_value_heads,
+                        head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
+                        intermediate_size=tc.intermediate_size, rope_theta=float(getattr(tc, "rope_theta", 1e6)),
+                        within_block=ns.within_block)
+    data = load_shards([ns.data / s for s in manifest["shards"]])
+    if data.num_sequences < 2:
+        print("train dart: need at least 2 sequences (one is held out for evaluation)", file=sys.stderr)
+        return 2
+    held = torch.arange(data.num_sequences) % 10 == 9     # every tenth sequence, at least one
+    if not bool(held.any()):
+        held[-1] = True
+    train_data, eval_data = _split(data, ~held), _split(data, held)
+    torch.manual_seed(ns.seed)
+    head = DartHead(config, embed)
+    recipe = DartRecipe(steps=ns.steps, batch_size=ns.batch_size, window=ns.window, lr=ns.lr,
+                        gamma=ns.gamma, seed=ns.seed)
+    losses = train_dart(head, SequenceWindows(train_data, ns.window), recipe, ns.out,
+                        resume=not ns.no_resume, progress=not ns.quiet)
+    metrics = evaluate_head(head, SequenceWindows(eval_data, ns.window))
+    save_head(head, ns.out, extra={"recipe": asdict(recipe), "data": manifest, "held_out": metrics,
+                                   "final_loss": losses[-1] if losses else None})
+    print(json.dumps({"out": str(ns.out), **metrics}))
+    return 0
+
+
+def _split(data: Any, keep: Any) -> Any:
+    """The sequences of `data` where keep[s] is True, as one shard."""
+    import torch
+
+    from vllm_treespec.train.shards import FeatureShard
+
+    offs = data.seq_offsets
+    rows = torch.cat([torch.arange(int(offs[s]), int(offs[s + 1])) for s in torch.nonzero(keep).flatten().tolist()])
+    lengths = (offs[1:] - offs[:-1])[keep]
+    return FeatureShard(data.features[rows], data.tokens[rows], data.topk_ids[rows], data.topk_logprobs[rows],
+                        torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]))
