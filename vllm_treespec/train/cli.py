@@ -80,52 +80,63 @@ def cmd_data(ns: argparse.Namespace) -> int:
 
 
 def cmd_dart(ns: argparse.Namespace) -> int:
+    from vllm_treespec.train.dart_recipe import DartRecipe
+
+    if not (ns.data / "data.json").is_file():
+        print(f"train dart: {ns.data / 'data.json'} not found; run `vllm-treespec train data` first",
+              file=sys.stderr)
+        return 2
+    recipe = DartRecipe(steps=ns.steps, batch_size=ns.batch_size, window=ns.window, lr=ns.lr,
+                        gamma=ns.gamma, seed=ns.seed)
+    try:
+        metrics = train_head(_model_dir(ns.model), ns.data, ns.out, recipe, depth=ns.depth,
+                             within_block=ns.within_block, resume=not ns.no_resume, progress=not ns.quiet)
+    except ValueError as e:
+        print(f"train dart: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({"out": str(ns.out), **metrics}))
+    return 0
+
+
+def train_head(model_dir: Path, data_dir: Path, out_dir: Path, recipe: Any, *, depth: int = 8,
+               within_block: str = "causal", resume: bool = True, progress: bool = True) -> dict:
+    """Train a DART head for the target in model_dir on data_dir's shards; write the checkpoint to
+    out_dir and return its held-out per-depth metrics (also saved in head.json)."""
     import torch
     from torch import nn
     from transformers import AutoModelForCausalLM
 
     from vllm_treespec.drafters.heads.checkpoint import save_head
     from vllm_treespec.drafters.heads.dart import DartConfig, DartHead
-    from vllm_treespec.train.dart_recipe import DartRecipe, evaluate_head, train_dart
+    from vllm_treespec.train.dart_recipe import evaluate_head, train_dart
     from vllm_treespec.train.shards import SequenceWindows, load_shards
 
-    manifest_path = ns.data / "data.json"
-    if not manifest_path.is_file():
-        print(f"train dart: {manifest_path} not found; run `vllm-treespec train data` first", file=sys.stderr)
-        return 2
-    manifest = json.loads(manifest_path.read_text())
-    model = _model_dir(ns.model)
-    target = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
+    manifest = json.loads((data_dir / "data.json").read_text())
+    target = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     tc = target.config
-    weights = target.get_input_embeddings().weight.detach().clone()
-    embed = nn.Embedding.from_pretrained(weights, freeze=True)
+    embed = nn.Embedding.from_pretrained(target.get_input_embeddings().weight.detach().clone(), freeze=True)
     del target
     config = DartConfig(hidden_size=tc.hidden_size, vocab_size=tc.vocab_size,
                         target_num_layers=tc.num_hidden_layers,
-                        feature_layers=tuple(manifest["feature_layers"]), depth=ns.depth,
+                        feature_layers=tuple(manifest["feature_layers"]), depth=depth,
                         num_heads=tc.num_attention_heads, num_kv_heads=tc.num_key_value_heads,
                         head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
                         intermediate_size=tc.intermediate_size, rope_theta=float(getattr(tc, "rope_theta", 1e6)),
-                        within_block=ns.within_block)
-    data = load_shards([ns.data / s for s in manifest["shards"]])
+                        within_block=within_block)
+    data = load_shards([data_dir / s for s in manifest["shards"]])
     if data.num_sequences < 2:
-        print("train dart: need at least 2 sequences (one is held out for evaluation)", file=sys.stderr)
-        return 2
+        raise ValueError("need at least 2 sequences (one is held out for evaluation)")
     held = torch.arange(data.num_sequences) % 10 == 9     # every tenth sequence, at least one
     if not bool(held.any()):
         held[-1] = True
-    train_data, eval_data = _split(data, ~held), _split(data, held)
-    torch.manual_seed(ns.seed)
+    torch.manual_seed(recipe.seed)
     head = DartHead(config, embed)
-    recipe = DartRecipe(steps=ns.steps, batch_size=ns.batch_size, window=ns.window, lr=ns.lr,
-                        gamma=ns.gamma, seed=ns.seed)
-    losses = train_dart(head, SequenceWindows(train_data, ns.window), recipe, ns.out,
-                        resume=not ns.no_resume, progress=not ns.quiet)
-    metrics = evaluate_head(head, SequenceWindows(eval_data, ns.window))
-    save_head(head, ns.out, extra={"recipe": asdict(recipe), "data": manifest, "held_out": metrics,
-                                   "final_loss": losses[-1] if losses else None})
-    print(json.dumps({"out": str(ns.out), **metrics}))
-    return 0
+    losses = train_dart(head, SequenceWindows(_split(data, ~held), recipe.window), recipe, out_dir,
+                        resume=resume, progress=progress)
+    metrics = evaluate_head(head, SequenceWindows(_split(data, held), recipe.window))
+    save_head(head, out_dir, extra={"recipe": asdict(recipe), "data": manifest, "held_out": metrics,
+                                    "final_loss": losses[-1] if losses else None})
+    return metrics
 
 
 def _split(data: Any, keep: Any) -> Any:
