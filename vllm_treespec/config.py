@@ -148,8 +148,23 @@ class DraftModelConfig:
                 raise ConfigError(f"{prefix}.templates[{i}]: {e}") from None
 
 
+@dataclasses.dataclass(frozen=True)
+class DartConfig:
+    """A DART parallel draft head (drafters/dart.py): one forward per step over the target's hidden
+    states gives d per-depth distributions; the tree builder shapes them."""
+    type: Literal["dart"] = spec(doc="Drafter kind.")
+    path: str = spec(doc=(
+        "Head checkpoint directory (config.json + model.safetensors, from `vllm-treespec train dart`), "
+        "or fixture:dart-head (the code-LM fixture's head). It must have been trained for the served model."))
+    topk: int = spec(25, ge=1, le=256, doc="Candidates kept per depth (DART: k = 25).")
+    ngram: str | None = spec(None, doc=(
+        "tree.scorer dart / presto: the n-gram trie giving rho (a trie file or fixture:stdlib-3gram); "
+        "null = no n-gram signal."))
+
+
 DRAFTERS: dict[str, type] = {"prompt_lookup": PromptLookupConfig, "ngram_trie": NgramTrieConfig,
-                             "lookup_trie": LookupTrieConfig, "draft_model": DraftModelConfig}
+                             "lookup_trie": LookupTrieConfig, "draft_model": DraftModelConfig,
+                             "dart": DartConfig}
 
 
 BUILDER_NAMES = ("chain", "best_first", "beam", "threshold", "static")
@@ -312,6 +327,7 @@ _DRAFTER_BUILDERS: dict[str, tuple[str, ...]] = {
     "ngram_trie": BUILDER_NAMES,
     "lookup_trie": ("chain", "best_first"),
     "draft_model": ("chain", "best_first", "threshold", "static"),
+    "dart": ("chain", "best_first", "beam", "threshold", "static"),
 }
 # Drafters that rank their own tree nodes (match counts, mixture probabilities): of the builder
 # keys only tree.max_depth applies.
@@ -329,6 +345,10 @@ def _check_drafter_tree(cfg: TreespecConfig) -> None:
                           "only tree.max_depth applies (remove the others)")
     if ranking and cfg.tree.scorer != "acc_logp":
         raise ConfigError(f"tree.scorer: {cfg.drafter.type} ranks tree nodes by {ranking}; remove tree.scorer")
+    if cfg.drafter.type == "dart" and cfg.tree.scorer in ("dart", "presto", "presto_entropy") \
+            and cfg.drafter.ngram is None:
+        raise ConfigError(f"tree.scorer: {cfg.tree.scorer} scores with an n-gram signal; set drafter.ngram "
+                          "(a trie file or fixture:stdlib-3gram) or use tree.scorer acc_logp")
     if cfg.drafter.type == "draft_model":
         if cfg.drafter.templates and cfg.tree.builder != "static":
             raise ConfigError(f"drafter.templates: the template bandit needs tree.builder static, not "

@@ -17,11 +17,13 @@ class TargetStates:
     `hidden` is [num_step_tokens, H] (last layer, the step's flat token rows), `aux` the extra
     layers' states when the runner collects them (vLLM's aux hidden-state layers), and `rows[i]`
     the flat rows of the tokens request i committed this step, in order: the verified root and
-    its accepted tree path (decodes), or its prompt chunk (prefills).
+    its accepted tree path (decodes), or its prompt chunk (prefills); `positions[i]` their token
+    positions (contiguous: accepted tree nodes sit at num_computed + depth).
     """
     hidden: Any
     aux: Sequence[Any] | None
     rows: Sequence[np.ndarray]
+    positions: Sequence[np.ndarray] | None = None   # the token position of each of those rows
 
 
 @dataclass

@@ -76,6 +76,11 @@ class TreeProposer:
         logger.info("TreeProposer: drafter=%s builder=%s budget=%d config=%s", self.drafter.name,
                     self.config.tree.builder, self.node_budget, self.config.source)
 
+    def aux_layers(self) -> tuple[int, ...]:
+        """vLLM aux-hidden-state layer ids the drafter reads (id j = output of layer j - 1); the
+        `_setup_eagle3_aux_hidden_state_outputs` patch asks the target for them."""
+        return tuple(getattr(self.drafter, "aux_layers", ()) or ())
+
     # -- lifecycle -------------------------------------------------------------------------
     def load_model(self, target_model: Any, *args: Any, **kwargs: Any) -> None:
         if self.config.tree.builder != "chain":
@@ -139,7 +144,9 @@ class TreeProposer:
         scheduled = int(scheduler_output.num_spec_tokens_to_schedule) or self.num_speculative_tokens
         target = None
         if getattr(self.drafter, "uses_target_states", False) and hidden_states is not None:
-            target = TargetStates(hidden_states, aux_hidden_states, self._committed_rows(len(req_ids)))
+            rows = self._committed_rows(len(req_ids))
+            flat = runner.positions.to("cpu").numpy()       # this step's positions (tree rows: + depth)
+            target = TargetStates(hidden_states, aux_hidden_states, rows, [flat[r] for r in rows])
         drafts = self._propose(runner, req_ids, sampled_token_ids, batch.num_tokens_no_spec,
                                batch.token_ids_cpu, min(self.node_budget, scheduled), target)
         if self.step_started_at is not None:
@@ -213,8 +220,12 @@ class TreeProposer:
                   scheduled_drafts: dict[str, list[int]], query_start_loc: np.ndarray,
                   num_computed: np.ndarray) -> TreeStep:
         """Match the scheduled drafts to our trees (see engine/tree_step.py)."""
-        return plan_tree_step(batch_req_ids, num_scheduled, scheduled_drafts, self.trees,
+        step = plan_tree_step(batch_req_ids, num_scheduled, scheduled_drafts, self.trees,
                               query_start_loc, num_computed, self.draft_probs)
+        # committed rows of this step for drafters reading target states: every scheduled row
+        # until `sample` (tree steps) narrows tree requests to their accepted path
+        self._last_verified = (step, np.full((step.num_trees, 1), -1, dtype=np.int64))
+        return step
 
     def sample(self, runner: Any, step: TreeStep, logits: Any,
                vllm_sample: Callable[[], Any]) -> Any:

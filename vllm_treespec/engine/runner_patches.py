@@ -83,6 +83,27 @@ def _wrap_prepare_inputs(original: Callable[..., Any]) -> Callable[..., Any]:
     return _prepare_inputs
 
 
+def _wrap_setup_aux(original: Callable[..., Any]) -> Callable[..., Any]:
+    def _setup_eagle3_aux_hidden_state_outputs(self):
+        proposer = _tree_proposer(self)
+        layers = proposer.aux_layers() if proposer is not None else ()
+        if not layers:
+            return original(self)
+        from vllm.model_executor.models.interfaces import supports_eagle3
+
+        model = self.get_model()
+        if not supports_eagle3(model):
+            raise RuntimeError(
+                f"treespec drafter {proposer.drafter.name!r} reads the target's hidden states, but "
+                f"{type(model).__name__} cannot return intermediate layers (vLLM's EAGLE-3 "
+                "interface); serve a model that supports it or choose a drafter without target features")
+        self.use_aux_hidden_state_outputs = True
+        model.set_aux_hidden_state_layers(tuple(layers))
+        return None
+
+    return _setup_eagle3_aux_hidden_state_outputs
+
+
 def _wrap_sample(original: Callable[..., Any]) -> Callable[..., Any]:
     def _sample(self, logits, spec_decode_metadata):
         from vllm_treespec.engine.tree_step import current_step, set_current_step
@@ -123,6 +144,12 @@ REGISTRY.register(Patch(
         "tuple[torch.Tensor, vllm.v1.spec_decode.metadata.SpecDecodeMetadata | None, int]"),
     make=_wrap_prepare_inputs,
     why="tree rows get positions num_computed + depth; publish the step's tree plan",
+))
+REGISTRY.register(Patch(
+    target=f"{RUNNER}._setup_eagle3_aux_hidden_state_outputs",
+    expected_signature="(self) -> None",
+    make=_wrap_setup_aux,
+    why="drafters that read target features (DART heads) get the target's aux hidden states",
 ))
 REGISTRY.register(Patch(
     target=f"{RUNNER}._sample",

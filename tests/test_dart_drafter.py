@@ -1,0 +1,112 @@
+"""DartDrafter without an engine: the rows and positions the proposer hands over become head-cache
+rows exactly as in training (the chain of top-1 drafts equals the argmax of the training forward
+over the same prefix), across prefill chunks, accepted tree paths, recomputation after preemption
+(truncate) and position gaps (restart); config errors name the key."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from vllm_treespec.config import ConfigError, parse_config
+from vllm_treespec.drafters import DraftInputs, make_drafter
+from vllm_treespec.drafters.base import TargetStates
+from vllm_treespec.drafters.heads.checkpoint import save_head
+from vllm_treespec.drafters.heads.dart import DartConfig, DartHead
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+V, H, L, D = 41, 32, 6, 4
+LAYERS = (1, 3)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    torch.manual_seed(0)
+    embed = nn.Embedding(V, H)
+    cfg = DartConfig(hidden_size=H, vocab_size=V, target_num_layers=L, feature_layers=LAYERS, depth=D,
+                     num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=48)
+    head = DartHead(cfg, embed)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    path = save_head(head, tmp_path_factory.mktemp("head"))
+    target = SimpleNamespace(model=SimpleNamespace(embed_tokens=embed),
+                             config=SimpleNamespace(vocab_size=V, hidden_size=H, num_hidden_layers=L))
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, V, (40,), generator=g)
+    aux = [torch.randn(40, H, generator=g) for _ in LAYERS]      # vLLM order: ascending layer ids
+    return path, target, head.eval(), tokens, aux
+
+
+def _drafter(path, target, builder="chain"):
+    cfg = parse_config({"drafter": {"type": "dart", "path": str(path)}, "tree": {"builder": builder}})
+    d = make_drafter(cfg.drafter, None, cfg.tree, max_model_len=64, max_nodes=D)
+    d.load(target)
+    return d
+
+
+def _step(drafter, tokens, aux, positions, num_tokens):
+    """One step whose committed rows sit at `positions` (flat rows = positions here)."""
+    buf = tokens[None].numpy().astype(np.int32)
+    pos = np.asarray(positions, dtype=np.int64)
+    step_aux = [a for a in aux]                                  # flat rows = positions
+    inputs = DraftInputs(req_ids=["r"], token_ids=buf, rows=np.array([0]), num_tokens=np.array([num_tokens]),
+                         budgets=np.array([D]), target=TargetStates(None, step_aux, [pos], [pos]))
+    return drafter.propose(inputs)[0]
+
+
+def _expected(head, tokens, aux, upto):
+    """argmax per depth of the training forward for the prefix of positions 0..upto."""
+    feats = torch.cat([aux[0], aux[1]], -1)[None, :upto + 1]
+    with torch.no_grad():
+        logits = head.forward_train(feats, tokens[None, 1:upto + 2])
+    return logits[0, upto].argmax(-1).tolist()
+
+
+def test_committed_rows_become_training_prefixes(setup):
+    path, target, head, tokens, aux = setup
+    d = _drafter(path, target)
+    assert d.aux_layers == (2, 4)                                # vLLM ids: layer i's output = id i+1
+    tree = _step(d, tokens, aux, range(0, 7), 8)                 # prefill chunk 0..6, root = token 7
+    assert tree.tokens[0] == tokens[7] and tree.draft_token_ids() == _expected(head, tokens, aux, 6)
+    tree = _step(d, tokens, aux, range(7, 10), 11)               # root + 2 accepted nodes
+    assert tree.draft_token_ids() == _expected(head, tokens, aux, 9)
+    tree = _step(d, tokens, aux, range(4, 12), 13)               # recomputed after preemption
+    assert tree.draft_token_ids() == _expected(head, tokens, aux, 11) and d.restarts == 0
+    tree = _step(d, tokens, aux, range(20, 22), 23)              # a gap: restart from position 20
+    assert d.restarts == 1 and d.base_pos["r"] == 20
+    d.on_requests_finished(["r"])
+    assert d.counters()["cached_requests"] == 0
+
+
+def test_unsorted_feature_layers_are_concatenated_in_config_order(setup, tmp_path):
+    path, target, head, tokens, aux = setup
+    cfg = DartConfig(**{**head.config.__dict__, "feature_layers": (3, 1)})
+    swapped = DartHead(cfg, target.model.embed_tokens)
+    swapped.load_state_dict(head.state_dict())
+    p = save_head(swapped, tmp_path / "swapped")
+    d = _drafter(p, target)
+    assert d.aux_layers == (2, 4)
+    tree = _step(d, tokens, aux, range(0, 7), 8)
+    feats = torch.cat([aux[1], aux[0]], -1)[None, :7]           # layer 3 first, as configured
+    with torch.no_grad():
+        want = swapped.forward_train(feats, tokens[None, 1:8])[0, 6].argmax(-1).tolist()
+    assert tree.draft_token_ids() == want
+
+
+def test_dart_config_errors(setup):
+    path = setup[0]
+    with pytest.raises(ConfigError, match="tree.scorer: dart .* set drafter.ngram"):
+        parse_config({"drafter": {"type": "dart", "path": str(path)},
+                      "tree": {"builder": "beam", "scorer": "dart"}})
+    with pytest.raises(ConfigError, match="drafter.topk"):
+        parse_config({"drafter": {"type": "dart", "path": str(path), "topk": 0}})
+    from vllm_treespec.drafters.heads.checkpoint import HeadCheckpointError
+
+    cfg = parse_config({"drafter": {"type": "dart", "path": "/nonexistent"}})
+    with pytest.raises(HeadCheckpointError, match="drafter.path: .* is not a directory"):
+        make_drafter(cfg.drafter, None, cfg.tree)

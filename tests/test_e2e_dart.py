@@ -1,0 +1,59 @@
+"""DART head serving end to end: greedy outputs with a DART head drafting trees equal speculation
+off, at concurrency 1 and 8, for several tree builders; the head reads the target's aux hidden
+states through vLLM's EAGLE-3 hook. The head here is random (losslessness must not depend on
+draft quality); the fixture head's acceptance is what the benchmark measures."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from e2e import assert_same_outputs, greedy, run_engine, spec_config
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+ENGINE = dict(dtype="float32", enforce_eager=True, max_model_len=512, max_num_seqs=8, seed=0)
+PROMPTS = ["def fibonacci(n):\n    ", "import os\nimport sys\n\nclass Config:\n",
+           "for i in range(10):\n    print(i)\n" * 3, "x = [1, 2, 3]\ny = "] * 2
+BUILDERS = {"best_first": {"builder": "best_first", "max_depth": 4},
+            "chain": {"builder": "chain"},
+            "static": {"builder": "static", "template": [2, 2, 1]}}
+
+
+@pytest.fixture(scope="module")
+def random_head(tiny_model, tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    from vllm_treespec.drafters.heads.checkpoint import save_head
+    from vllm_treespec.drafters.heads.dart import DartConfig, DartHead, eagle3_layers
+
+    target = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
+    c = target.config
+    cfg = DartConfig(hidden_size=c.hidden_size, vocab_size=c.vocab_size, target_num_layers=c.num_hidden_layers,
+                     feature_layers=eagle3_layers(c.num_hidden_layers), depth=4, num_heads=4, num_kv_heads=2,
+                     head_dim=32, intermediate_size=128)
+    torch.manual_seed(0)
+    head = DartHead(cfg, target.get_input_embeddings())
+    return save_head(head, tmp_path_factory.mktemp("dart-head"))
+
+
+def _phases():
+    return [{"name": f"c{c}", "concurrency": c, "prompts": PROMPTS,
+             "sampling": [greedy(24)] * len(PROMPTS)} for c in (1, 8)]
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model, random_head):
+    out = {"off": run_engine(tiny_model, ENGINE, _phases())}
+    for name, tree in BUILDERS.items():
+        spec = dict(speculative_config=spec_config(6), additional_config={"treespec": {
+            "drafter": {"type": "dart", "path": str(random_head), "topk": 4}, "tree": tree}})
+        out[name] = run_engine(tiny_model, {**ENGINE, **spec}, _phases(), inspect_proposer=True)
+    return out
+
+
+@pytest.mark.parametrize("builder", list(BUILDERS))
+def test_dart_greedy_equals_spec_off(runs, builder):
+    assert_same_outputs(runs["off"], runs[builder])
+    state = runs[builder]["proposer"][0]
+    assert state["stats"]["verified_trees"] > 0           # the head drafted and trees were verified
+    assert state["drafter"]["cached_requests"] == 0       # caches freed when requests finished

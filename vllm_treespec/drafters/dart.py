@@ -1,0 +1,150 @@
+"""DartDrafter: a DART parallel draft head (drafters/heads/dart.py) drafts every request's tree
+from ONE head forward per step, over the target's own hidden states.
+
+Per step, for each request, the proposer hands over the flat rows and positions of the tokens it
+committed (prompt chunk, or verified root + accepted tree path) and the target's aux hidden
+states of the step. The head appends those rows to the request's cache (concatenated features of
+its layers + the embedding of the token that followed each one), then one batched `draft` over
+all drafting requests gives d per-depth log-prob rows each; their top-k become a `DepthTable`
+that the configured builder shapes (DART beam with the n-gram trie as rho, JetSpec best-first,
+PRESTO, chain, threshold, static).
+
+Cache and positions: a request's cache covers a contiguous run of positions. Rows recomputed at
+or before its end (preemption) truncate it first; a gap (positions never computed, e.g. a prompt
+prefix served from vLLM's prefix cache) restarts it at the new rows, so the head then sees less
+context than in training. That costs acceptance, never correctness: verification is exact for any
+drafts.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from vllm_treespec.drafters.base import DraftInputs, chain_trees
+from vllm_treespec.drafters.heads.checkpoint import check_head_dir, load_head
+from vllm_treespec.drafters.heads.dart import DartCache, DartHead
+from vllm_treespec.tree import DepthTable, DraftTree, build_tree
+
+__all__ = ["DartDrafter"]
+
+
+def _resolve(path: str) -> str:
+    if path.startswith("fixture:"):
+        from vllm_treespec.fixtures import build_fixture
+
+        return str(build_fixture(path.split(":", 1)[1]))
+    return path
+
+
+def target_embedding(model: Any) -> nn.Embedding:
+    """The served model's token embedding as an nn.Embedding sharing its storage (the first
+    vocab_size rows; vLLM pads its vocabulary-parallel embedding)."""
+    module = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if module is None and hasattr(model, "get_input_embeddings"):
+        module = model.get_input_embeddings()
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, torch.Tensor):
+        raise RuntimeError(f"drafter dart: cannot find the token embedding of {type(model).__name__}")
+    vocab = int(getattr(model.config, "vocab_size", weight.shape[0]))
+    return nn.Embedding.from_pretrained(weight.detach()[:vocab], freeze=True)
+
+
+class DartDrafter:
+    name = "dart"
+    uses_target_states = True
+
+    def __init__(self, cfg: Any, tokenizer_dir: str | None, tree_config: Any, *, max_model_len: int,
+                 max_nodes: int, vocab_limit: int | None = None) -> None:
+        self.cfg = cfg
+        self.path = _resolve(cfg.path)
+        _, self.head_config = check_head_dir(self.path)
+        self.builder = tree_config.builder if tree_config is not None else "chain"
+        self.params = tree_config.builder_params() if tree_config is not None else {}
+        self.rho = None
+        if cfg.ngram is not None:
+            from vllm_treespec.drafters.ngram_trie import TrieSignal, load_checked_trie
+
+            self.rho = TrieSignal(load_checked_trie(cfg.ngram, tokenizer_dir, None))
+        self.vocab_limit = vocab_limit
+        self.head: DartHead | None = None
+        self.caches: dict[str, DartCache] = {}
+        self.next_pos: dict[str, int] = {}     # absolute position the cache's next row would have
+        self.base_pos: dict[str, int] = {}     # absolute position of the cache's first row
+        self.restarts = 0                       # caches restarted at a gap in positions
+
+    @property
+    def aux_layers(self) -> tuple[int, ...]:
+        """vLLM aux ids of the head's feature layers (feature layer i = output of layer i = id i+1)."""
+        return tuple(sorted(l + 1 for l in self.head_config.feature_layers))
+
+    def load(self, target_model: Any) -> None:
+        embed = target_embedding(target_model)
+        self.head = load_head(self.path, target_model.config, embed, dtype=embed.weight.dtype)
+        order = sorted(self.head_config.feature_layers)
+        self._feature_order = [order.index(l) for l in self.head_config.feature_layers]
+
+    def on_requests_finished(self, req_ids: Sequence[str]) -> None:
+        for r in req_ids:
+            self.caches.pop(r, None)
+            self.next_pos.pop(r, None)
+            self.base_pos.pop(r, None)
+
+    def counters(self) -> dict[str, int]:
+        return {"restarts": self.restarts, "cached_requests": len(self.caches)}
+
+    # -- per step -------------------------------------------------------------------------
+    def propose(self, inputs: DraftInputs) -> list[DraftTree]:
+        n = len(inputs)
+        trees = chain_trees(inputs, [()] * n)
+        target = inputs.target
+        if self.head is None or target is None or not target.aux:
+            return trees
+        with torch.inference_mode():
+            self._commit(inputs)
+            want = [i for i in range(n) if inputs.budgets[i] > 0 and inputs.req_ids[i] in self.caches]
+            if not want:
+                return trees
+            logprobs = self.head.draft([self.caches[inputs.req_ids[i]] for i in want])
+        if self.vocab_limit is not None and self.vocab_limit < logprobs.shape[-1]:
+            logprobs[..., self.vocab_limit:] = -torch.inf
+        k = min(self.cfg.topk, logprobs.shape[-1])
+        top = torch.topk(logprobs, k, dim=-1)
+        for j, i in enumerate(want):
+            root = inputs.root(i)
+            context = inputs.context(i, 16)[:-1] if self.rho is not None else ()
+            table = DepthTable(top.indices[j].numpy(), top.values[j].double().numpy(), root,
+                               context=context, rho=self.rho)
+            trees[i] = build_tree(self.builder, table, int(inputs.budgets[i]), **self.params)
+        return trees
+
+    def _commit(self, inputs: DraftInputs) -> None:
+        """Append each request's committed rows of this step to its head cache."""
+        assert self.head is not None and inputs.target is not None
+        target = inputs.target
+        aux = [torch.as_tensor(a) for a in target.aux]
+        for i, req in enumerate(inputs.req_ids):
+            rows = target.rows[i] if i < len(target.rows) else ()
+            if len(rows) == 0 or target.positions is None:
+                continue
+            pos = np.asarray(target.positions[i], dtype=np.int64)
+            start = int(pos[0])
+            cache = self.caches.get(req)
+            if cache is not None and start < self.next_pos[req]:
+                keep = start - self.base_pos[req]
+                cache = None if keep <= 0 else DartCache(cache.k[:, :keep], cache.v[:, :keep],
+                                                         cache.last_input, keep)
+            elif cache is not None and start > self.next_pos[req]:
+                cache = None
+                self.restarts += 1
+            if cache is None:
+                cache = self.head.new_cache()
+                self.base_pos[req] = start
+            idx = torch.as_tensor(np.asarray(rows, dtype=np.int64))
+            feats = torch.cat([aux[k][idx] for k in self._feature_order], -1).to(self.head.fc.weight.dtype)
+            row = int(inputs.rows[i])
+            nxt = torch.as_tensor(inputs.token_ids[row, pos + 1].astype(np.int64))
+            self.caches[req] = self.head.extend(cache, feats, nxt)
+            self.next_pos[req] = int(pos[-1]) + 1
