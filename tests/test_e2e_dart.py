@@ -57,3 +57,34 @@ def test_dart_greedy_equals_spec_off(runs, builder):
     state = runs[builder]["proposer"][0]
     assert state["stats"]["verified_trees"] > 0           # the head drafted and trees were verified
     assert state["drafter"]["cached_requests"] == 0       # caches freed when requests finished
+
+
+TRAINED = {"chain": {"builder": "chain"}, "best_first": {"builder": "best_first", "max_depth": 8}}
+
+
+@pytest.fixture(scope="module")
+def trained_runs(code_lm_model):
+    """The code-LM fixture served with its trained fixture head (held-out code prompts)."""
+    from vllm_treespec.fixtures import build_fixture
+    from vllm_treespec.fixtures.corpus import held_out_prompts
+
+    head = build_fixture("dart-head")
+    prompts = held_out_prompts(8, 400, seed=3)
+    phases = [{"name": "c8", "concurrency": 8, "prompts": prompts, "sampling": [greedy(48)] * len(prompts)}]
+    engine = dict(ENGINE, max_model_len=1024)
+    out = {"off": run_engine(code_lm_model, engine, phases)}
+    for name, tree in TRAINED.items():
+        spec = dict(speculative_config=spec_config(8), additional_config={"treespec": {
+            "drafter": {"type": "dart", "path": str(head)}, "tree": tree}})
+        out[name] = run_engine(code_lm_model, {**engine, **spec}, phases, inspect_proposer=True)
+    return out
+
+
+@pytest.mark.parametrize("builder", list(TRAINED))
+def test_trained_head_is_accepted_when_served(trained_runs, builder):
+    """Equal outputs, and the head trained on HF features is accepted on vLLM's aux features:
+    a misaligned feature layer or position would leave it guessing (about 0 accepted)."""
+    assert_same_outputs(trained_runs["off"], trained_runs[builder])
+    stats = trained_runs[builder]["proposer"][0]["stats"]
+    print(builder, stats["mean_accepted"], stats["verified_trees"])
+    assert stats["mean_accepted"] > 1.0
