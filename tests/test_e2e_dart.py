@@ -59,7 +59,8 @@ def test_dart_greedy_equals_spec_off(runs, builder):
     assert state["drafter"]["cached_requests"] == 0       # caches freed when requests finished
 
 
-TRAINED = {"chain": {"builder": "chain"}, "best_first": {"builder": "best_first", "max_depth": 8}}
+TRAINED = {"chain": {"builder": "chain"}, "best_first": {"builder": "best_first", "max_depth": 8},
+           "preset": None}      # configs/drafters/dart.yaml as shipped (DART beam + n-gram rho)
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +75,8 @@ def trained_runs(code_lm_model):
     engine = dict(ENGINE, max_model_len=1024)
     out = {"off": run_engine(code_lm_model, engine, phases)}
     for name, tree in TRAINED.items():
-        spec = dict(speculative_config=spec_config(8), additional_config={"treespec": {
-            "drafter": {"type": "dart", "path": str(head)}, "tree": tree}})
+        treespec = "dart" if tree is None else {"drafter": {"type": "dart", "path": str(head)}, "tree": tree}
+        spec = dict(speculative_config=spec_config(8), additional_config={"treespec": treespec})
         out[name] = run_engine(code_lm_model, {**engine, **spec}, phases, inspect_proposer=True)
     return out
 
