@@ -15,6 +15,12 @@ serving run at concurrency 1 up to the scheduler's cuts near max_model_len (none
 
 tau here = 1 + accepted / steps-with-a-draft (the serving benchmark's definition); also printed:
 tokens per step over all steps, and drafting time per step (drafter + builder, one thread).
+
+Drafters that read the target's hidden states (DART heads) get them from one Hugging Face forward
+over prompt + output per request (the same weights; vLLM's aux id j = HF hidden_states[j]), and
+each step hands over the rows committed since the previous one, as the engine does:
+
+    .venv/bin/python benchmarks/replay_tau.py --budgets 16 --configs dart dart-chain dart-best-first
 """
 from __future__ import annotations
 
@@ -34,6 +40,12 @@ INLINE = {
     "ngram-trie-beam-dart": {"drafter": {"type": "ngram_trie"},
                              "tree": {"builder": "beam", "topk": 4, "width": 4, "max_depth": 8,
                                       "scorer": "dart"}},
+    # DART head (fixture:dart-head): tree builders with and without the n-gram signal
+    "dart-chain": {"drafter": {"type": "dart", "path": "fixture:dart-head"}, "tree": {"builder": "chain"}},
+    "dart-best-first": {"drafter": {"type": "dart", "path": "fixture:dart-head"},
+                        "tree": {"builder": "best_first", "topk": 8}},
+    "dart-beam-no-ngram": {"drafter": {"type": "dart", "path": "fixture:dart-head"},
+                           "tree": {"builder": "beam", "topk": 8, "width": 8}},
 }
 
 
@@ -87,9 +99,25 @@ def accepted_length(tokens: np.ndarray, parents: np.ndarray, continuation: Seque
     return depth
 
 
-def replay(drafter: Any, budget: int, records: Sequence[dict], max_len: int = 1024) -> dict:
-    """Replay one drafter over every recorded request, in order (concurrency 1)."""
+def target_features(model: Any, records: Sequence[dict], aux_ids: Sequence[int]) -> list[list[Any]]:
+    """Per record, the aux hidden states [len, H] of each vLLM aux id, from one HF forward."""
+    import torch
+
+    out = []
+    with torch.inference_mode():
+        for rec in records:
+            ids = torch.as_tensor(rec["prompt_ids"] + rec["output_ids"])[None]
+            hs = model(input_ids=ids, output_hidden_states=True).hidden_states
+            out.append([hs[j][0] for j in aux_ids])
+    return out
+
+
+def replay(drafter: Any, budget: int, records: Sequence[dict], max_len: int = 1024,
+           features: Sequence[list[Any]] | None = None) -> dict:
+    """Replay one drafter over every recorded request, in order (concurrency 1). `features`:
+    per record the target's aux hidden states (drafters with uses_target_states)."""
     from vllm_treespec.drafters import DraftInputs
+    from vllm_treespec.drafters.base import TargetStates
 
     steps = drafted_steps = accepted = nodes = 0
     draft_s = 0.0
@@ -99,12 +127,18 @@ def replay(drafter: Any, budget: int, records: Sequence[dict], max_len: int = 10
         full = prompt + out
         buf[0, :len(full)] = full
         t = 1                                  # the first output token comes from the prefill
+        committed = 0                          # positions the target has computed so far
         while t < len(out):
             n = len(prompt) + t
             remaining = len(out) - t
+            target = None
+            if features is not None:           # rows committed since the last step: committed..n-2
+                pos = np.arange(committed, n - 1, dtype=np.int64)
+                target = TargetStates(None, features[r], [pos], [pos])
+                committed = n - 1
             inputs = DraftInputs(req_ids=[f"r{r}"], token_ids=buf, rows=np.zeros(1, dtype=np.int64),
                                  num_tokens=np.array([n], dtype=np.int64),
-                                 budgets=np.array([min(budget, remaining)], dtype=np.int64))
+                                 budgets=np.array([min(budget, remaining)], dtype=np.int64), target=target)
             # the drafter may only read the first n tokens; later ones are the future
             saved = buf[0, n:].copy()
             buf[0, n:] = 0
@@ -143,14 +177,27 @@ def main(argv: list[str] | None = None) -> int:
     configs = [(name, INLINE.get(name, name)) for name in ns.configs]
     configs += [(f"inline{i}", json.loads(c)) for i, c in enumerate(ns.config_json)]
     rows = []
+    hf_model, features = None, {}
     print(f"{'config':34s} {'budget':>6s} {'tau':>6s} {'tok/step':>8s} {'nodes':>6s} {'draft ms':>8s}")
     for budget in ns.budgets:
         for name, cfg in configs:
             config = from_additional_config({"treespec": cfg}, budget)
             drafter = make_drafter(config.drafter, str(model_dir), config.tree, max_model_len=1024,
                                    max_nodes=config.node_budget(budget))
-            row = {"config": name, "budget": budget, **replay(drafter, config.node_budget(budget), records),
-                   "treespec": cfg}
+            feats = None
+            if getattr(drafter, "uses_target_states", False):
+                if hf_model is None:
+                    import torch
+                    from transformers import AutoModelForCausalLM
+
+                    hf_model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+                drafter.load(hf_model)
+                key = tuple(drafter.aux_layers)
+                if key not in features:
+                    features[key] = target_features(hf_model, records, key)
+                feats = features[key]
+            row = {"config": name, "budget": budget,
+                   **replay(drafter, config.node_budget(budget), records, features=feats), "treespec": cfg}
             rows.append(row)
             print(f"{name:34s} {budget:6d} {row['tau']:6.2f} {row['tokens_per_step']:8.2f} "
                   f"{row['mean_nodes']:6.1f} {row['draft_ms_per_step']:8.3f}", flush=True)
