@@ -89,3 +89,27 @@ def test_trained_head_is_accepted_when_served(trained_runs, builder):
     stats = trained_runs[builder]["proposer"][0]["stats"]
     print(builder, stats["mean_accepted"], stats["verified_trees"])
     assert stats["mean_accepted"] > 1.0
+
+
+# 20 blocks of 32 tokens for 8 requests of ~100 + 96 tokens: the scheduler must preempt; each
+# prompt is sent twice, so the second copy hits vLLM's prefix cache (the head cache starts late)
+TINY_KV = dict(dtype="float32", enforce_eager=True, max_model_len=512, max_num_seqs=8, seed=0,
+               block_size=32, num_gpu_blocks_override=20, enable_prefix_caching=True)
+
+
+@pytest.fixture(scope="module")
+def preempt_runs(tiny_model, random_head):
+    from vllm_treespec.fixtures import corpus
+
+    prompts = corpus.held_out_prompts(4, prompt_chars=300, seed=11) * 2
+    phases = [{"name": "preemption", "concurrency": 8, "prompts": prompts, "sampling": [greedy(96)] * 8}]
+    spec = dict(speculative_config=spec_config(6), additional_config={"treespec": {
+        "drafter": {"type": "dart", "path": str(random_head), "topk": 4}, "tree": BUILDERS["best_first"]}})
+    return {"off": run_engine(tiny_model, TINY_KV, phases),
+            "on": run_engine(tiny_model, {**TINY_KV, **spec}, phases, inspect_proposer=True)}
+
+
+def test_dart_greedy_equal_under_preemption_and_prefix_caching(preempt_runs):
+    assert preempt_runs["on"]["metrics"].get("vllm:num_preemptions", 0) > 0, "KV cache did not force preemption"
+    assert_same_outputs(preempt_runs["off"], preempt_runs["on"])
+    assert preempt_runs["on"]["proposer"][0]["drafter"]["cached_requests"] == 0

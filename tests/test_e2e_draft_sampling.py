@@ -8,7 +8,9 @@ residual draws happen at every depth; it drafts branching template trees and Dyn
 (sampled by default: draft_sampling auto). A plain chain (one draw
 per node, standard speculative sampling) is drafted by the target itself: with q = p every draw
 must be accepted, which shows that each q row is aligned with the target row it is verified
-against. Seeded requests reproduce exactly.
+against. Seeded requests reproduce exactly when batched the same way (here: one at a time); across
+different batch compositions the draft model's floating-point q may differ in the last bits,
+which can change a sampled draw (drafters/draft_sampling.py says so).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import pytest
 import torch
 
 from e2e import run_engine, spec_config
-from sampled_cases import CASES, ENGINE, check_distribution, check_seeded_repeats, phases
+from sampled_cases import CASES, ENGINE, PROMPT, check_distribution, phases
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -51,8 +53,16 @@ def _spec(draft, shape: str) -> dict:
 def sampled(tiny_vocab_model, noisy_draft):
     drafts = {"template": noisy_draft, "dynatree": noisy_draft, "chain": tiny_vocab_model}
     return {shape: run_engine(tiny_vocab_model, {**ENGINE, **_spec(drafts[shape], shape)},
-                              phases(shape == "template"), inspect_proposer=True)
+                              phases(False) + (_seeded_one_at_a_time() if shape == "template" else []),
+                              inspect_proposer=True)
             for shape in SHAPES}
+
+
+def _seeded_one_at_a_time(n: int = 150) -> list[dict]:
+    sampling = [dict(temperature=1.0, max_tokens=8, ignore_eos=True, detokenize=False, seed=i)
+                for i in range(n)]
+    return [{"name": name, "concurrency": 1, "prompts": [PROMPT] * n, "sampling": sampling}
+            for name in ("seeded-c1", "seeded-c1-again")]
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
@@ -74,4 +84,6 @@ def test_drafts_were_sampled_and_accepted(sampled, shape):
 
 
 def test_seeded_requests_reproduce(sampled):
-    check_seeded_repeats(sampled["template"])
+    outs = {p["name"]: [o["token_ids"] for o in p["outputs"]] for p in sampled["template"]["phases"]}
+    assert outs["seeded-c1"] == outs["seeded-c1-again"]
+    assert len({tuple(t) for t in outs["seeded-c1"]}) > 50        # the seeds do sample

@@ -4,6 +4,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import torch
 import pytest
 
 from vllm_treespec.config import ConfigError
@@ -136,7 +137,10 @@ def test_drafters_that_ask_get_target_states_with_committed_rows(proposer):
     original = proposer.drafter.propose
     proposer.drafter.propose = lambda inputs: seen.append(inputs.target) or original(inputs)
     runner = _runner([[1, 2, 3, 9, 1, 2, 3], [4, 5, 4]], ["a", "b"])
+    runner.positions = torch.as_tensor(np.concatenate([step.positions.numpy(), [0, 1, 2]]))
     proposer.propose_step(runner, _sched(), [[3], [4]], hidden_states="H", aux_hidden_states=None)
     target = seen[0]
     assert target.hidden == "H" and target.aux is None
     assert [r.tolist() for r in target.rows] == [[0, 2, 3], [4, 5, 6]]
+    # a's accepted path (nodes 2, 3 at depths 1, 2) sits at contiguous positions after its root
+    assert [p.tolist() for p in target.positions] == [[10, 11, 12], [0, 1, 2]]

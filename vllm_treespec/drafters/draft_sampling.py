@@ -11,7 +11,11 @@ top-p and min-p (verify/sampling_params.py, the target's transform), restricted 
 model's vocabulary. Draws are without replacement (Gumbel-top-k keys: the k largest of
 log q + Gumbel noise are k sequential draws without replacement, in draw order). Each seeded
 request draws from its own generator, derived from its seed, so a seeded request drafts, and
-therefore samples, the same way in every run; the others share one generator.
+therefore samples, the same way in every run that batches it the same way; the others share one
+generator. Across different batch compositions the draft model's batched forward can round q
+differently in the last bits, which can flip a near-tied draw or acceptance test and so change a
+seeded request's sample (each output is still an exact sample of the target distribution); the
+same holds, more rarely, for top-k trees from a draft model, whose ranking can flip at near-ties.
 """
 from __future__ import annotations
 
