@@ -101,3 +101,6 @@ def test_shards_round_trip_and_reject_inconsistent_data(tmp_path):
         FeatureShard(a.features[:-1], a.tokens, a.topk_ids, a.topk_logprobs, a.seq_offsets)
     windows = SequenceWindows(both, 4)
     assert all(2 <= e - s <= 4 for s, e in windows.spans)
+    picked = both.subset(torch.tensor([False, True, False, True, False]))
+    assert picked.seq_offsets.tolist() == [0, 5, 12] and torch.equal(picked.tokens[5:], b.tokens[:7])
+    assert torch.equal(picked.tokens[:5], a.tokens[5:10])

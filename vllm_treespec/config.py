@@ -345,8 +345,9 @@ def _check_drafter_tree(cfg: TreespecConfig) -> None:
                           "only tree.max_depth applies (remove the others)")
     if ranking and cfg.tree.scorer != "acc_logp":
         raise ConfigError(f"tree.scorer: {cfg.drafter.type} ranks tree nodes by {ranking}; remove tree.scorer")
-    if cfg.drafter.type == "dart" and cfg.tree.scorer in ("dart", "presto", "presto_entropy") \
-            and cfg.drafter.ngram is None:
+    from vllm_treespec.tree.scorers import SCORERS
+
+    if cfg.drafter.type == "dart" and SCORERS[cfg.tree.scorer].needs_rho and cfg.drafter.ngram is None:
         raise ConfigError(f"tree.scorer: {cfg.tree.scorer} scores with an n-gram signal; set drafter.ngram "
                           "(a trie file or fixture:stdlib-3gram) or use tree.scorer acc_logp")
     if cfg.drafter.type == "draft_model":

@@ -26,17 +26,10 @@ from torch import nn
 from vllm_treespec.drafters.base import DraftInputs, chain_trees
 from vllm_treespec.drafters.heads.checkpoint import check_head_dir, load_head
 from vllm_treespec.drafters.heads.dart import DartCache, DartHead
+from vllm_treespec.drafters.lm.loading import resolve_fixture
 from vllm_treespec.tree import DepthTable, DraftTree, build_tree
 
 __all__ = ["DartDrafter"]
-
-
-def _resolve(path: str) -> str:
-    if path.startswith("fixture:"):
-        from vllm_treespec.fixtures import build_fixture
-
-        return str(build_fixture(path.split(":", 1)[1]))
-    return path
 
 
 def target_embedding(model: Any) -> nn.Embedding:
@@ -59,7 +52,7 @@ class DartDrafter:
     def __init__(self, cfg: Any, tokenizer_dir: str | None, tree_config: Any, *, max_model_len: int,
                  max_nodes: int, vocab_limit: int | None = None) -> None:
         self.cfg = cfg
-        self.path = _resolve(cfg.path)
+        self.path = resolve_fixture(cfg.path)
         _, self.head_config = check_head_dir(self.path)
         self.builder = tree_config.builder if tree_config is not None else "chain"
         self.params = tree_config.builder_params() if tree_config is not None else {}
@@ -71,7 +64,6 @@ class DartDrafter:
         self.vocab_limit = vocab_limit
         self.head: DartHead | None = None
         self.caches: dict[str, DartCache] = {}
-        self.next_pos: dict[str, int] = {}     # absolute position the cache's next row would have
         self.base_pos: dict[str, int] = {}     # absolute position of the cache's first row
         self.restarts = 0                       # caches restarted at a gap in positions
 
@@ -89,7 +81,6 @@ class DartDrafter:
     def on_requests_finished(self, req_ids: Sequence[str]) -> None:
         for r in req_ids:
             self.caches.pop(r, None)
-            self.next_pos.pop(r, None)
             self.base_pos.pop(r, None)
 
     def counters(self) -> dict[str, int]:
@@ -132,11 +123,12 @@ class DartDrafter:
             pos = np.asarray(target.positions[i], dtype=np.int64)
             start = int(pos[0])
             cache = self.caches.get(req)
-            if cache is not None and start < self.next_pos[req]:
-                keep = start - self.base_pos[req]
+            # the cache holds positions base .. base + length - 1 (contiguous)
+            keep = start - self.base_pos[req] if cache is not None else 0
+            if cache is not None and keep < cache.length:
                 cache = None if keep <= 0 else DartCache(cache.k[:, :keep], cache.v[:, :keep],
                                                          cache.last_input, keep)
-            elif cache is not None and start > self.next_pos[req]:
+            elif cache is not None and keep > cache.length:
                 cache = None
                 self.restarts += 1
             if cache is None:
@@ -147,4 +139,3 @@ class DartDrafter:
             row = int(inputs.rows[i])
             nxt = torch.as_tensor(inputs.token_ids[row, pos + 1].astype(np.int64))
             self.caches[req] = self.head.extend(cache, feats, nxt)
-            self.next_pos[req] = int(pos[-1]) + 1

@@ -164,15 +164,14 @@ def plan_tree_step(batch_req_ids: Sequence[str], num_scheduled: np.ndarray,
             foreign.append(i)
             continue
         tree = trees.get(req_id)
+        rows = np.full(n + 1, -1, dtype=np.int64)      # q row per node; -1: target-only rule
         if tree is None or tree.num_draft < n or tree.tokens[1:n + 1].tolist() != list(drafts):
             # not the tree we drafted: verify as a chain (exact for any tokens)
             root = tree.tokens[0] if tree is not None else 0
             tree = DraftTree.chain(int(root), drafts)
-            rows = np.full(n + 1, -1, dtype=np.int64)
         else:
             tree = tree.prefix(n)
             dp = draft_probs.get(req_id) if draft_probs else None
-            rows = np.full(n + 1, -1, dtype=np.int64)
             if dp is not None:
                 local = dp.node_rows[:n + 1]
                 rows = np.where(local >= 0, local + q_count, -1)

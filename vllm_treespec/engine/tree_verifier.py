@@ -129,15 +129,15 @@ def verify_step(step: TreeStep, logits: torch.Tensor, params: Sequence[Any],
     greedy = all(float(p.temperature) < SAMPLING_EPS for p in params)
     if greedy:
         result: Any = greedy_walk(offsets, tokens, parents, node_logits, width)
-    elif q_rows is not None and bool((q_rows >= 0).any()):
-        result = accept((offsets, tokens, parents, depth), node_logits, mode="rrs",
-                        sampling=SamplingParamsBatch.from_params(params), generators=list(generators),
-                        draft_probs=step.q_probs, draft_rows=torch.from_numpy(q_rows),
-                        replacement=False, max_depth=width - 1, coin_rows=coin_rows)
     else:
-        result = accept((offsets, tokens, parents, depth), node_logits, mode="target_only",
+        # nodes with a drafter q row (sampled drafts): rrs; all others: the target-only rule
+        mode, drawn = "target_only", {}
+        if q_rows is not None and bool((q_rows >= 0).any()):
+            mode, drawn = "rrs", dict(draft_probs=step.q_probs, draft_rows=torch.from_numpy(q_rows),
+                                      replacement=False)
+        result = accept((offsets, tokens, parents, depth), node_logits, mode=mode,
                         sampling=SamplingParamsBatch.from_params(params), generators=list(generators),
-                        max_depth=width - 1, coin_rows=coin_rows)
+                        max_depth=width - 1, coin_rows=coin_rows, **drawn)
     if base is None:
         return result.emitted, result
     if base.shape != (step.num_reqs, width):

@@ -103,9 +103,9 @@ def train_head(model_dir: Path, data_dir: Path, out_dir: Path, recipe: Any, *, d
     """Train a DART head for the target in model_dir on data_dir's shards; write the checkpoint to
     out_dir and return its held-out per-depth metrics (also saved in head.json)."""
     import torch
-    from torch import nn
     from transformers import AutoModelForCausalLM
 
+    from vllm_treespec.drafters.dart import target_embedding
     from vllm_treespec.drafters.heads.checkpoint import save_head
     from vllm_treespec.drafters.heads.dart import DartConfig, DartHead
     from vllm_treespec.train.dart_recipe import evaluate_head, train_dart
@@ -114,7 +114,7 @@ def train_head(model_dir: Path, data_dir: Path, out_dir: Path, recipe: Any, *, d
     manifest = json.loads((data_dir / "data.json").read_text())
     target = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     tc = target.config
-    embed = nn.Embedding.from_pretrained(target.get_input_embeddings().weight.detach().clone(), freeze=True)
+    embed = target_embedding(target)            # shares the target's storage; the rest is freed
     del target
     config = DartConfig(hidden_size=tc.hidden_size, vocab_size=tc.vocab_size,
                         target_num_layers=tc.num_hidden_layers,
@@ -131,22 +131,10 @@ def train_head(model_dir: Path, data_dir: Path, out_dir: Path, recipe: Any, *, d
         held[-1] = True
     torch.manual_seed(recipe.seed)
     head = DartHead(config, embed)
-    losses = train_dart(head, SequenceWindows(_split(data, ~held), recipe.window), recipe, out_dir,
+    losses = train_dart(head, SequenceWindows(data.subset(~held), recipe.window), recipe, out_dir,
                         resume=resume, progress=progress)
-    metrics = evaluate_head(head, SequenceWindows(_split(data, held), recipe.window))
+    metrics = evaluate_head(head, SequenceWindows(data.subset(held), recipe.window))
     save_head(head, out_dir, extra={"recipe": asdict(recipe), "data": manifest, "held_out": metrics,
                                     "final_loss": losses[-1] if losses else None})
     return metrics
 
-
-def _split(data: Any, keep: Any) -> Any:
-    """The sequences of `data` where keep[s] is True, as one shard."""
-    import torch
-
-    from vllm_treespec.train.shards import FeatureShard
-
-    offs = data.seq_offsets
-    rows = torch.cat([torch.arange(int(offs[s]), int(offs[s + 1])) for s in torch.nonzero(keep).flatten().tolist()])
-    lengths = (offs[1:] - offs[:-1])[keep]
-    return FeatureShard(data.features[rows], data.tokens[rows], data.topk_ids[rows], data.topk_logprobs[rows],
-                        torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]))

@@ -47,6 +47,16 @@ class FeatureShard:
     def num_sequences(self) -> int:
         return self.seq_offsets.numel() - 1
 
+    def subset(self, keep: torch.Tensor) -> "FeatureShard":
+        """The sequences s with keep[s] True (bool [S]), in order, as one shard."""
+        offs = self.seq_offsets
+        spans = [torch.arange(int(offs[s]), int(offs[s + 1])) for s in torch.nonzero(keep).flatten().tolist()]
+        rows = torch.cat(spans) if spans else torch.zeros(0, dtype=torch.int64)
+        lengths = (offs[1:] - offs[:-1])[keep]
+        return FeatureShard(self.features[rows], self.tokens[rows], self.topk_ids[rows],
+                            self.topk_logprobs[rows], torch.cat([torch.zeros(1, dtype=torch.int64),
+                                                                 lengths.cumsum(0)]))
+
 
 def save_shard(shard: FeatureShard, path: Path) -> Path:
     from safetensors.torch import save_file

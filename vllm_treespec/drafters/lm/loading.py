@@ -30,8 +30,9 @@ class DraftModelSpec:
     max_cached_requests: int = 64
 
 
-def resolve_model_dir(path: str) -> Path:
-    """A model directory, or `fixture:NAME` (built on first use, cached outside the repo)."""
+def resolve_fixture(path: str) -> Path:
+    """`fixture:NAME` -> the fixture's directory (built on first use, cached outside the repo);
+    any other path is returned as given (expanded). Unknown fixture names name drafter.path."""
     if path.startswith("fixture:"):
         from vllm_treespec.fixtures import build_fixture
 
@@ -39,7 +40,12 @@ def resolve_model_dir(path: str) -> Path:
             return build_fixture(path.split(":", 1)[1])
         except ValueError as e:
             raise DraftModelError(f"drafter.path: {e}") from None
-    d = Path(path).expanduser()
+    return Path(path).expanduser()
+
+
+def resolve_model_dir(path: str) -> Path:
+    """A model directory, or `fixture:NAME` (built on first use, cached outside the repo)."""
+    d = resolve_fixture(path)
     if not d.is_dir():
         raise DraftModelError(f"drafter.path: {str(d)!r} is not a directory; point it at a local Hugging "
                               "Face model directory (config.json, weights, tokenizer files)")
