@@ -1,6 +1,6 @@
-"""Serving benchmark for learned draft heads (issue 8): the code-LM fixture's DART head with its
-tree builders, side by side with no speculation, vLLM's `ngram` and the best treespec drafters
-without a head (lookup-trie trees, the draft model), in one run.
+"""Serving benchmark for learned draft heads (issue 8): the code-LM fixture's DART, JetSpec and
+diffusion-style heads with their tree builders, side by side with no speculation, vLLM's `ngram`
+and the best treespec drafters without a head (lookup-trie trees, the draft model), in one run.
 
 Same harness as bench_serving.py (one OpenAI server per config, held-out code prompts, greedy,
 fixed output length, --rounds medians; outputs must equal no speculation).
@@ -9,8 +9,10 @@ fixed output length, --rounds medians; outputs must equal no speculation).
     .venv/bin/python benchmarks/bench_heads.py --budgets 16 32 --no-draft-model
 
 Rows: off; vLLM ngram at each --ngram-k; lookup-trie tree (8 nodes, the best treespec config at
-one client in bench_serving_lookup_trie_code-lm.json); draft-model DynaTree preset; DART head
-chain, best-first, and the `dart` preset (DART beam + n-gram rho) at each --budgets value.
+one client in bench_serving_lookup_trie_code-lm.json); draft-model DynaTree preset; at each
+--budgets value: DART head chain, best-first and DART beam + n-gram rho (the `dart` preset's
+tree); JetSpec head chain and best-first (the `jetspec` preset's tree); the diffusion-style head
+with PRESTO beam + n-gram rho (the `diffusion-presto` preset's tree).
 """
 from __future__ import annotations
 
@@ -28,6 +30,9 @@ def parse_args(argv: list[str] | None):
 
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--head", default="fixture:dart-head", help="DART head checkpoint (dir or fixture:NAME)")
+    p.add_argument("--jetspec-head", default="fixture:jetspec-head", help="JetSpec head checkpoint")
+    p.add_argument("--diffusion-head", default="fixture:diffusion-head", help="diffusion-style head checkpoint")
+    p.add_argument("--no-jetspec", action="store_true", help="skip the JetSpec and diffusion rows")
     p.add_argument("--no-draft-model", action="store_true", help="skip the draft-model row")
     mine, rest = p.parse_known_args(argv)
     rest = ["--budgets", "16", *rest] if "--budgets" not in rest else rest
@@ -53,6 +58,15 @@ def configs_for(ns) -> tuple[list, list[str]]:
                 treespec(b, {"drafter": {**head, "ngram": "fixture:stdlib-3gram"},
                              "tree": {"builder": "beam", "topk": 8, "width": 8, "scorer": "dart"}},
                          label="dart beam+ngram")]
+        if ns.no_jetspec:
+            continue
+        js = {"type": "jetspec", "path": ns.jetspec_head, "topk": 8}
+        diff = {"type": "jetspec", "path": ns.diffusion_head, "topk": 8, "ngram": "fixture:stdlib-3gram"}
+        out += [treespec(min(b, 8), {"drafter": js, "tree": {"builder": "chain"}}, label="jetspec chain"),
+                treespec(b, {"drafter": js, "tree": {"builder": "best_first", "topk": 8}},
+                         label="jetspec best-first"),
+                treespec(b, {"drafter": diff, "tree": {"builder": "beam", "topk": 8, "width": 8,
+                                                       "scorer": "presto"}}, label="diffusion presto")]
     return out, [c.name for c in ngram]
 
 
@@ -60,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     ns = parse_args(argv)
     configs, refs = configs_for(ns)
     return run_and_record(ns, "bench_heads", configs, refs,
-                          extra={"head": ns.head, "budgets": ns.budgets, "ngram_k": ns.ngram_k},
+                          extra={"head": ns.head, "jetspec_head": ns.jetspec_head,
+                                 "diffusion_head": ns.diffusion_head, "budgets": ns.budgets, "ngram_k": ns.ngram_k},
                           note="vs off / vs ref = tokens/s ratios at the same concurrency; "
                                "draft ms = head forward + tree builder per step")
 

@@ -21,6 +21,9 @@ over prompt + output per request (the same weights; vLLM's aux id j = HF hidden_
 each step hands over the rows committed since the previous one, as the engine does:
 
     .venv/bin/python benchmarks/replay_tau.py --budgets 16 --configs dart dart-chain dart-best-first
+    .venv/bin/python benchmarks/replay_tau.py --budgets 16 32 --configs jetspec-chain jetspec-best-first \
+        jetspec-best-first-presto jetspec-beam-presto diffusion-chain diffusion-best-first \
+        diffusion-best-first-presto diffusion-beam-presto
 """
 from __future__ import annotations
 
@@ -47,6 +50,18 @@ INLINE = {
     "dart-beam-no-ngram": {"drafter": {"type": "dart", "path": "fixture:dart-head"},
                            "tree": {"builder": "beam", "topk": 8, "width": 8}},
 }
+# JetSpec causal head vs its diffusion-style twin (fixture:jetspec-head, fixture:diffusion-head)
+# under chain, best-first and PRESTO prefix-aligned scoring (presets jetspec, diffusion-presto:
+# best-first / PRESTO beam): JetSpec Table 7 and PRESTO Table 2 analogues
+for _name, _fixture in (("jetspec", "jetspec-head"), ("diffusion", "diffusion-head")):
+    _head = {"type": "jetspec", "path": f"fixture:{_fixture}", "topk": 8}
+    _rho = {**_head, "ngram": "fixture:stdlib-3gram"}
+    INLINE[f"{_name}-chain"] = {"drafter": _head, "tree": {"builder": "chain"}}
+    INLINE[f"{_name}-best-first"] = {"drafter": _head, "tree": {"builder": "best_first", "topk": 8}}
+    INLINE[f"{_name}-best-first-presto"] = {"drafter": _rho, "tree": {"builder": "best_first", "topk": 8,
+                                                                      "scorer": "presto"}}
+    INLINE[f"{_name}-beam-presto"] = {"drafter": _rho, "tree": {"builder": "beam", "topk": 8, "width": 8,
+                                                                "scorer": "presto"}}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -14,11 +14,11 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 V, H = 37, 32
 
 
-def _head(within="causal", depth=4, seed=0):
+def _head(within="causal", depth=4, seed=0, shifted=True):
     torch.manual_seed(seed)
     cfg = DartConfig(hidden_size=H, vocab_size=V, target_num_layers=6, feature_layers=(0, 1, 2),
                      depth=depth, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=48,
-                     within_block=within)
+                     within_block=within, shifted=shifted)
     head = DartHead(cfg, nn.Embedding(V, H)).double().eval()
     with torch.no_grad():                     # make the mask rows and attention matter
         for p in head.parameters():
@@ -32,12 +32,13 @@ def _data(b, p, seed=1):
             torch.randint(0, V, (b, p), generator=g))
 
 
-@pytest.mark.parametrize("within", ["causal", "bidirectional"])
-def test_serving_forward_equals_training_forward(within):
-    head = _head(within)
+@pytest.mark.parametrize("within,shifted", [("causal", True), ("bidirectional", True), ("causal", False)])
+def test_serving_forward_equals_training_forward(within, shifted):
+    head = _head(within, shifted=shifted)
     feats, toks = _data(2, 7)
     with torch.no_grad():
         train = torch.log_softmax(head.forward_train(feats, toks), -1)       # [2, 7, d, V]
+        assert train.shape[2] == head.config.depth
         for n in range(1, 8):
             caches = []
             for b in range(2):

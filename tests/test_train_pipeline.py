@@ -1,6 +1,6 @@
-"""`vllm-treespec train data` then `train dart` on a fixture target: shards hold the target's own
-continuations (regenerated through vLLM) with features and top-K equal to an HF forward, and the
-trained checkpoint loads against the target with its held-out metrics recorded."""
+"""`vllm-treespec train data` then `train dart` and `train jetspec` on a fixture target: shards hold
+the target's own continuations (regenerated through vLLM) with features and top-K equal to an HF
+forward, and the trained checkpoints load against the target with their held-out metrics recorded."""
 from __future__ import annotations
 
 import json
@@ -53,3 +53,12 @@ def test_data_then_dart(tiny_model, tmp_path):
     assert info["recipe"]["steps"] == 6 and info["held_out"] == {k: metrics[k] for k in ("accuracy", "hit_at_10")}
     head = load_head(out, target.config, target.get_input_embeddings())
     assert head.config.feature_layers == (0,) and head.config.depth == 3
+
+    # the same shards train a diffusion-style JetSpec head through `train jetspec`
+    printed = _cli("train", "jetspec", str(tiny_model), "--data", str(data), "--out", str(tmp_path / "js"),
+                   "--depth", "3", "--steps", "4", "--batch-size", "2", "--window", "16", "--anchors", "3",
+                   "--num-layers", "1", "--within-block", "bidirectional", "--quiet")
+    assert len(json.loads(printed.strip().splitlines()[-1])["hit_at_10"]) == 3
+    js = load_head(tmp_path / "js", target.config, target.get_input_embeddings(), kind="jetspec")
+    assert js.config.within_block == "bidirectional" and js.config.num_layers == 1
+    assert json.loads((tmp_path / "js" / "head.json").read_text())["recipe"]["anchors"] == 3

@@ -150,21 +150,34 @@ class DraftModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DartConfig:
-    """A DART parallel draft head (drafters/dart.py): one forward per step over the target's hidden
-    states gives d per-depth distributions; the tree builder shapes them."""
+    """A DART parallel draft head (drafters/parallel_head.py): one forward per step over the target's
+    hidden states gives d per-depth distributions; the tree builder shapes them."""
     type: Literal["dart"] = spec(doc="Drafter kind.")
     path: str = spec(doc=(
-        "Head checkpoint directory (config.json + model.safetensors, from `vllm-treespec train dart`), "
-        "or fixture:dart-head (the code-LM fixture's head). It must have been trained for the served model."))
+        "Head checkpoint directory (config.json + model.safetensors, from `vllm-treespec train dart` or "
+        "`train jetspec`), or a fixture head of the code-LM fixture (fixture:dart-head, fixture:jetspec-head, "
+        "fixture:diffusion-head). It must be a head of drafter.type's kind, trained for the served model."))
     topk: int = spec(25, ge=1, le=256, doc="Candidates kept per depth (DART: k = 25).")
     ngram: str | None = spec(None, doc=(
         "tree.scorer dart / presto: the n-gram trie giving rho (a trie file or fixture:stdlib-3gram); "
         "null = no n-gram signal."))
+    memory_mb: float = spec(512.0, ge=1.0, le=1048576.0, doc=(
+        "Bound on the head's per-request context caches; the least recently drafted requests' caches "
+        "are evicted past it (they restart at their next committed rows: less context, never wrong "
+        "output). Startup fails if one request at max_model_len does not fit."))
+
+
+@dataclasses.dataclass(frozen=True)
+class JetSpecConfig(DartConfig):
+    """A JetSpec causal parallel head, or its diffusion-style (bidirectional) twin, whichever the
+    checkpoint is (drafters/heads/jetspec.py): one forward per step gives d per-depth
+    distributions; same keys as dart."""
+    type: Literal["jetspec"] = spec(doc="Drafter kind.")
 
 
 DRAFTERS: dict[str, type] = {"prompt_lookup": PromptLookupConfig, "ngram_trie": NgramTrieConfig,
                              "lookup_trie": LookupTrieConfig, "draft_model": DraftModelConfig,
-                             "dart": DartConfig}
+                             "dart": DartConfig, "jetspec": JetSpecConfig}
 
 
 BUILDER_NAMES = ("chain", "best_first", "beam", "threshold", "static")
@@ -328,6 +341,7 @@ _DRAFTER_BUILDERS: dict[str, tuple[str, ...]] = {
     "lookup_trie": ("chain", "best_first"),
     "draft_model": ("chain", "best_first", "threshold", "static"),
     "dart": ("chain", "best_first", "beam", "threshold", "static"),
+    "jetspec": ("chain", "best_first", "beam", "threshold", "static"),
 }
 # Drafters that rank their own tree nodes (match counts, mixture probabilities): of the builder
 # keys only tree.max_depth applies.
@@ -347,7 +361,8 @@ def _check_drafter_tree(cfg: TreespecConfig) -> None:
         raise ConfigError(f"tree.scorer: {cfg.drafter.type} ranks tree nodes by {ranking}; remove tree.scorer")
     from vllm_treespec.tree.scorers import SCORERS
 
-    if cfg.drafter.type == "dart" and SCORERS[cfg.tree.scorer].needs_rho and cfg.drafter.ngram is None:
+    if (cfg.drafter.type in ("dart", "jetspec") and SCORERS[cfg.tree.scorer].needs_rho
+            and cfg.drafter.ngram is None):
         raise ConfigError(f"tree.scorer: {cfg.tree.scorer} scores with an n-gram signal; set drafter.ngram "
                           "(a trie file or fixture:stdlib-3gram) or use tree.scorer acc_logp")
     if cfg.drafter.type == "draft_model":

@@ -33,10 +33,10 @@ def make_drafter(drafter_config: Any, tokenizer_dir: str | None = None, tree_con
 
         return DraftModelDrafter(drafter_config, tokenizer_dir, tree_config, max_model_len=max_model_len,
                                  max_nodes=max_nodes, vocab_limit=vocab_limit)
-    if kind == "dart":
-        from vllm_treespec.drafters.dart import DartDrafter
+    if kind in ("dart", "jetspec"):
+        from vllm_treespec.drafters.parallel_head import HeadDrafter
 
-        return DartDrafter(drafter_config, tokenizer_dir, tree_config, max_model_len=max_model_len,
+        return HeadDrafter(drafter_config, tokenizer_dir, tree_config, max_model_len=max_model_len,
                            max_nodes=max_nodes, vocab_limit=vocab_limit)
     raise ValueError(f"drafter.type {kind!r} has no drafter implementation")
 

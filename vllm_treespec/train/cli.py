@@ -1,12 +1,14 @@
-"""`vllm-treespec train {data,dart}`: regenerate training data with the target, train a DART head.
+"""`vllm-treespec train {data,dart,jetspec}`: regenerate training data with the target, train a
+DART or JetSpec head (the diffusion-style head is `train jetspec --within-block bidirectional`).
 
     vllm-treespec train data fixture:code-lm --out data/code --num-prompts 256 --max-tokens 128
     vllm-treespec train dart fixture:code-lm --data data/code --out heads/dart --steps 600
+    vllm-treespec train jetspec fixture:code-lm --data data/code --out heads/jetspec --steps 600
 
 `train data` writes shards plus data.json (target, feature layers, top-K, prompts recipe);
-`train dart` reads them, holds out every tenth sequence (at least one) for evaluation, resumes from --out's
-training state when it exists, and writes the head checkpoint (config.json, model.safetensors,
-head.json with the recipe and the held-out per-depth accuracy / hit@10).
+`train dart|jetspec` reads them, holds out every tenth sequence (at least one) for evaluation,
+resumes from --out's training state when it exists, and writes the head checkpoint (config.json,
+model.safetensors, head.json with the recipe and the held-out per-depth accuracy / hit@10).
 """
 from __future__ import annotations
 
@@ -33,21 +35,29 @@ def add_subcommands(subparsers: Any) -> None:
     d.add_argument("--temperature", type=float, default=0.0)
     d.add_argument("--seed", type=int, default=0)
     d.set_defaults(func=cmd_data)
-    t = sub.add_parser("dart", help="train a DART head on shards from `train data`")
-    t.add_argument("model", help="the target (its embedding is shared; shapes are checked)")
-    t.add_argument("--data", required=True, type=Path)
-    t.add_argument("--out", required=True, type=Path)
-    t.add_argument("--depth", type=int, default=8)
-    t.add_argument("--steps", type=int, default=600)
-    t.add_argument("--batch-size", type=int, default=8)
-    t.add_argument("--window", type=int, default=64)
-    t.add_argument("--lr", type=float, default=1e-3)
-    t.add_argument("--gamma", type=float, default=0.6)
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--within-block", choices=["causal", "bidirectional"], default="causal")
-    t.add_argument("--no-resume", action="store_true")
-    t.add_argument("--quiet", action="store_true", help="no progress bar")
-    t.set_defaults(func=cmd_dart)
+    for kind, about in (("dart", "train a DART head (prefix-shared mask, annealed KL)"),
+                        ("jetspec", "train a JetSpec head (random anchors, block mask, forward KL at T)")):
+        t = sub.add_parser(kind, help=f"{about} on shards from `train data`")
+        t.add_argument("model", help="the target (its embedding is shared; shapes are checked)")
+        t.add_argument("--data", required=True, type=Path)
+        t.add_argument("--out", required=True, type=Path)
+        t.add_argument("--depth", type=int, default=8, help="tokens predicted per forward (d)")
+        t.add_argument("--steps", type=int, default=600)
+        t.add_argument("--batch-size", type=int, default=8)
+        t.add_argument("--window", type=int, default=64)
+        t.add_argument("--lr", type=float, default=1e-3)
+        t.add_argument("--seed", type=int, default=0)
+        t.add_argument("--within-block", choices=["causal", "bidirectional"], default="causal",
+                       help="attention among the block's rows (bidirectional = diffusion-style head)")
+        if kind == "dart":
+            t.add_argument("--gamma", type=float, default=0.6, help="per-depth KL annealing")
+        else:
+            t.add_argument("--anchors", type=int, default=16, help="random anchors per window per step")
+            t.add_argument("--temperature", type=float, default=1.0, help="distillation temperature T")
+            t.add_argument("--num-layers", type=int, default=2, help="draft decoder layers")
+        t.add_argument("--no-resume", action="store_true")
+        t.add_argument("--quiet", action="store_true", help="no progress bar")
+        t.set_defaults(func=cmd_train, kind=kind)
 
 
 def _model_dir(spec: str) -> Path:
@@ -79,50 +89,66 @@ def cmd_data(ns: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_dart(ns: argparse.Namespace) -> int:
-    from vllm_treespec.train.dart_recipe import DartRecipe
+def make_recipe(ns: argparse.Namespace) -> Any:
+    """The recipe dataclass of `train dart|jetspec` from its flags."""
+    common = dict(steps=ns.steps, batch_size=ns.batch_size, window=ns.window, lr=ns.lr, seed=ns.seed)
+    if ns.kind == "dart":
+        from vllm_treespec.train.dart_recipe import DartRecipe
 
+        return DartRecipe(gamma=ns.gamma, **common)
+    from vllm_treespec.train.jetspec_recipe import JetSpecRecipe
+
+    return JetSpecRecipe(anchors=ns.anchors, temperature=ns.temperature, **common)
+
+
+def cmd_train(ns: argparse.Namespace) -> int:
     if not (ns.data / "data.json").is_file():
-        print(f"train dart: {ns.data / 'data.json'} not found; run `vllm-treespec train data` first",
+        print(f"train {ns.kind}: {ns.data / 'data.json'} not found; run `vllm-treespec train data` first",
               file=sys.stderr)
         return 2
-    recipe = DartRecipe(steps=ns.steps, batch_size=ns.batch_size, window=ns.window, lr=ns.lr,
-                        gamma=ns.gamma, seed=ns.seed)
     try:
-        metrics = train_head(_model_dir(ns.model), ns.data, ns.out, recipe, depth=ns.depth,
-                             within_block=ns.within_block, resume=not ns.no_resume, progress=not ns.quiet)
+        recipe = make_recipe(ns)
+        shape = {"num_layers": ns.num_layers} if ns.kind == "jetspec" else {}
+        metrics = train_head(_model_dir(ns.model), ns.data, ns.out, recipe, kind=ns.kind, depth=ns.depth,
+                             within_block=ns.within_block, resume=not ns.no_resume, progress=not ns.quiet,
+                             **shape)
     except ValueError as e:
-        print(f"train dart: {e}", file=sys.stderr)
+        print(f"train {ns.kind}: {e}", file=sys.stderr)
         return 2
     print(json.dumps({"out": str(ns.out), **metrics}))
     return 0
 
 
-def train_head(model_dir: Path, data_dir: Path, out_dir: Path, recipe: Any, *, depth: int = 8,
-               within_block: str = "causal", resume: bool = True, progress: bool = True) -> dict:
-    """Train a DART head for the target in model_dir on data_dir's shards; write the checkpoint to
-    out_dir and return its held-out per-depth metrics (also saved in head.json)."""
+def train_head(model_dir: Path, data_dir: Path, out_dir: Path, recipe: Any, *, kind: str = "dart",
+               depth: int = 8, within_block: str = "causal", resume: bool = True, progress: bool = True,
+               **shape: Any) -> dict:
+    """Train a `kind` head (dart, jetspec) for the target in model_dir on data_dir's shards; write the
+    checkpoint to out_dir and return its held-out per-depth metrics (also saved in head.json).
+    The head's attention shape copies the target's; ``shape`` overrides config fields."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from vllm_treespec.drafters.dart import target_embedding
+    from vllm_treespec.drafters.heads import HEAD_KINDS
     from vllm_treespec.drafters.heads.checkpoint import save_head
-    from vllm_treespec.drafters.heads.dart import DartConfig, DartHead
-    from vllm_treespec.train.dart_recipe import evaluate_head, train_dart
+    from vllm_treespec.drafters.parallel_head import target_embedding
+    from vllm_treespec.train.loop import evaluate_head
     from vllm_treespec.train.shards import SequenceWindows, load_shards
 
+    if kind not in HEAD_KINDS:
+        raise ValueError(f"unknown head kind {kind!r}; choose one of {', '.join(HEAD_KINDS)}")
     manifest = json.loads((data_dir / "data.json").read_text())
     target = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     tc = target.config
     embed = target_embedding(target)            # shares the target's storage; the rest is freed
     del target
-    config = DartConfig(hidden_size=tc.hidden_size, vocab_size=tc.vocab_size,
+    config_cls, head_cls = HEAD_KINDS[kind]
+    config = config_cls(hidden_size=tc.hidden_size, vocab_size=tc.vocab_size,
                         target_num_layers=tc.num_hidden_layers,
                         feature_layers=tuple(manifest["feature_layers"]), depth=depth,
                         num_heads=tc.num_attention_heads, num_kv_heads=tc.num_key_value_heads,
                         head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
-                        intermediate_size=tc.intermediate_size, rope_theta=float(getattr(tc, "rope_theta", 1e6)),
-                        within_block=within_block)
+                        intermediate_size=tc.intermediate_size,
+                        rope_theta=float(getattr(tc, "rope_theta", 1e6)), within_block=within_block, **shape)
     data = load_shards([data_dir / s for s in manifest["shards"]])
     if data.num_sequences < 2:
         raise ValueError("need at least 2 sequences (one is held out for evaluation)")
@@ -130,11 +156,14 @@ def train_head(model_dir: Path, data_dir: Path, out_dir: Path, recipe: Any, *, d
     if not bool(held.any()):
         held[-1] = True
     torch.manual_seed(recipe.seed)
-    head = DartHead(config, embed)
-    losses = train_dart(head, SequenceWindows(data.subset(~held), recipe.window), recipe, out_dir,
-                        resume=resume, progress=progress)
+    head = head_cls(config, embed)
+    windows = SequenceWindows(data.subset(~held), recipe.window)
+    if kind == "dart":
+        from vllm_treespec.train.dart_recipe import train_dart as train
+    else:
+        from vllm_treespec.train.jetspec_recipe import train_jetspec as train
+    losses = train(head, windows, recipe, out_dir, resume=resume, progress=progress)
     metrics = evaluate_head(head, SequenceWindows(data.subset(held), recipe.window))
     save_head(head, out_dir, extra={"recipe": asdict(recipe), "data": manifest, "held_out": metrics,
                                     "final_loss": losses[-1] if losses else None})
     return metrics
-

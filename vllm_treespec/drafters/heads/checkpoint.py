@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vllm_treespec.drafters.heads.dart import DartConfig, DartHead
+from vllm_treespec.drafters.heads import HEAD_KINDS, DraftHead, HeadConfig
 from vllm_treespec.schema import ConfigError
 
 __all__ = ["HeadCheckpointError", "save_head", "load_head", "check_head_dir"]
@@ -27,7 +27,7 @@ class HeadCheckpointError(ConfigError):
     """A head checkpoint that cannot serve this target (message names the key and the fix)."""
 
 
-def save_head(head: DartHead, out_dir: Path, extra: dict[str, Any] | None = None) -> Path:
+def save_head(head: DraftHead, out_dir: Path, extra: dict[str, Any] | None = None) -> Path:
     """Write config.json and model.safetensors (and training metadata, if any, to head.json)."""
     from safetensors.torch import save_file
 
@@ -40,8 +40,10 @@ def save_head(head: DartHead, out_dir: Path, extra: dict[str, Any] | None = None
     return out_dir
 
 
-def check_head_dir(path: str | Path, key: str = "drafter.path") -> tuple[Path, DartConfig]:
-    """The directory and its config, after the checks that need no target."""
+def check_head_dir(path: str | Path, key: str = "drafter.path",
+                   kind: str | None = None) -> tuple[Path, HeadConfig]:
+    """The directory and its config, after the checks that need no target; ``kind``: the head
+    kind the deployment asked for (drafter.type), checked against the checkpoint's."""
     d = Path(path)
     if not d.is_dir():
         raise HeadCheckpointError(f"{key}: {str(d)!r} is not a directory; point it at a head "
@@ -52,14 +54,20 @@ def check_head_dir(path: str | Path, key: str = "drafter.path") -> tuple[Path, D
             raise HeadCheckpointError(f"{key}: {str(d)!r} has no {name}; copy the whole checkpoint "
                                       "directory")
     try:
-        config = DartConfig.load(d / "config.json")
-    except (TypeError, ValueError, KeyError) as e:
+        found = json.loads((d / "config.json").read_text()).get("kind", "dart")
+        if found not in HEAD_KINDS:
+            raise ValueError(f"unknown head kind {found!r}; known: {', '.join(HEAD_KINDS)}")
+        config = HEAD_KINDS[found][0].load(d / "config.json")
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
         raise HeadCheckpointError(f"{key}: {str(d / 'config.json')!r} is not a draft-head config "
                                   f"({e})") from None
+    if kind is not None and config.kind != kind:
+        raise HeadCheckpointError(f"{key}: {str(d)!r} is a {config.kind} head; set drafter.type: "
+                                  f"{config.kind} or point drafter.path at a {kind} head")
     return d, config
 
 
-def _check_target(config: DartConfig, target: Any, key: str) -> None:
+def _check_target(config: HeadConfig, target: Any, key: str) -> None:
     """target: an object with hidden_size, vocab_size, num_hidden_layers (an HF config)."""
     for name, mine, theirs in (("hidden_size", config.hidden_size, target.hidden_size),
                                ("vocab_size", config.vocab_size, target.vocab_size),
@@ -72,13 +80,14 @@ def _check_target(config: DartConfig, target: Any, key: str) -> None:
 
 
 def load_head(path: str | Path, target_config: Any, embed: nn.Embedding, *,
-              key: str = "drafter.path", dtype: torch.dtype | None = None) -> DartHead:
+              key: str = "drafter.path", dtype: torch.dtype | None = None,
+              kind: str | None = None) -> DraftHead:
     """The head of checkpoint `path`, checked against the served target and sharing its embedding."""
     from safetensors.torch import load_file
 
-    d, config = check_head_dir(path, key)
+    d, config = check_head_dir(path, key, kind)
     _check_target(config, target_config, key)
-    head = DartHead(config, embed)
+    head = HEAD_KINDS[config.kind][1](config, embed)
     state = load_file(str(d / WEIGHTS))
     expected = head.trainable_state()
     missing = sorted(set(expected) - set(state))

@@ -9,6 +9,10 @@ rows. Shifted logits: the last prefix row's output is the depth-1 distribution (
 the root), mask row j's output is depth j+2. Attention is causal over the prefix and within the
 mask block (``within_block="bidirectional"`` gives the diffusion-style comparison head).
 
+``shifted=False`` is the ablation of DART Table 3 (unshifted logits): d mask rows, mask row j's
+output predicts the token at its own position (depth j+1) and the last prefix row's output is
+unused.
+
 Deviation, stated: the paper feeds the concatenation [g, e] (2H wide) to the decoder layer; here a
 bias-free linear ``in_proj`` maps it to H first, so the decoder layer is a stock Qwen3-style layer.
 
@@ -58,7 +62,12 @@ class DartConfig:
     rope_theta: float = 1e6
     rms_norm_eps: float = 1e-6
     within_block: Literal["causal", "bidirectional"] = "causal"
+    shifted: bool = True             # False: DART Table 3's unshifted ablation
     kind: str = field(default="dart")
+
+    @property
+    def mask_rows(self) -> int:
+        return self.depth - 1 if self.shifted else self.depth
 
     def __post_init__(self) -> None:
         if self.depth < 2:
@@ -103,7 +112,7 @@ class DartHead(nn.Module):
         h = c.hidden_size
         self.fc = nn.Linear(len(c.feature_layers) * h, h, bias=False)
         self.in_proj = nn.Linear(2 * h, h, bias=False)
-        self.mask_embed = nn.Parameter(torch.randn(c.depth - 1, h) * 0.02)
+        self.mask_embed = nn.Parameter(torch.randn(c.mask_rows, h) * 0.02)
         self.layer = DecoderLayer(h, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
                                   c.rope_theta, c.rms_norm_eps)
         self.norm = RMSNorm(h, c.rms_norm_eps)
@@ -129,7 +138,7 @@ class DartHead(nn.Module):
         features [B, P, F] (row i: the target at position i), next_tokens [B, P] (x_{i+1});
         valid_len [B]: unpadded rows per sequence (None = all P)."""
         b, p, _ = features.shape
-        m = self.config.depth - 1
+        m = self.config.mask_rows
         z = self.inputs(features, next_tokens)
         x = torch.cat([z, self.mask_embed.repeat(p, 1).expand(b, -1, -1)], 1)
         pos = block_positions(p, m).to(features.device)
@@ -138,6 +147,8 @@ class DartHead(nn.Module):
                              for n in lens]).to(features.device)
         logits = self._logits(self.layer(x, pos, masks))
         blocks = logits[:, p:].reshape(b, p, m, -1)
+        if not self.config.shifted:
+            return blocks
         return torch.cat([logits[:, :p, None], blocks], 2)
 
     # -- serving ------------------------------------------------------------------------------
@@ -145,6 +156,15 @@ class DartHead(nn.Module):
         c = self.config
         empty = self.fc.weight.new_zeros((c.num_kv_heads, 0, c.head_dim))
         return DartCache(empty, empty.clone(), self.fc.weight.new_zeros(c.hidden_size), 0)
+
+    def cache_bytes_per_row(self) -> int:
+        """Serving cache bytes per context row (K and V of the one layer)."""
+        c = self.config
+        return 2 * c.num_kv_heads * c.head_dim * self.fc.weight.element_size()
+
+    def truncate(self, cache: DartCache, keep: int) -> DartCache:
+        """The first `keep` prefix rows (the last row's input is set by the next `extend`)."""
+        return DartCache(cache.k[:, :keep], cache.v[:, :keep], cache.last_input, keep)
 
     def extend(self, cache: DartCache, features: torch.Tensor, next_tokens: torch.Tensor) -> DartCache:
         """Append committed prefix rows (features [m, F], next_tokens [m]) to a request's cache.
@@ -163,7 +183,7 @@ class DartHead(nn.Module):
         padded caches."""
         if any(c.empty for c in caches):
             raise ValueError("DART draft needs at least one prefix row per request")
-        m = self.config.depth - 1
+        m = self.config.mask_rows
         r, longest = len(caches), max(c.length for c in caches)
         kv, d = self.config.num_kv_heads, self.config.head_dim
         pk = self.fc.weight.new_zeros((r, kv, longest, d))
@@ -189,4 +209,6 @@ class DartHead(nn.Module):
         # same row as cache slot n-1, so it is masked out there to count it once
         mask[:, :, longest] = False
         logits = self._logits(self.layer(x, pos, mask, past=(pk, pv)))
+        if not self.config.shifted:
+            logits = logits[:, 1:]
         return torch.log_softmax(logits, -1, dtype=torch.promote_types(logits.dtype, torch.float32))

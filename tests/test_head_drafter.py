@@ -1,9 +1,10 @@
-"""DartDrafter without an engine: the rows and positions the proposer hands over become head-cache
-rows exactly as in training (the chain of top-1 drafts equals the argmax of the training forward
+"""HeadDrafter without an engine, for every head kind (DART; JetSpec causal and bidirectional): the
+rows and positions the proposer hands over become head-cache rows exactly as in training (the chain of top-1 drafts equals the argmax of the training forward
 over the same prefix), across prefill chunks, accepted tree paths, recomputation after preemption
 (truncate) and position gaps (restart); config errors name the key."""
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -16,6 +17,7 @@ from vllm_treespec.drafters import DraftInputs, make_drafter
 from vllm_treespec.drafters.base import TargetStates
 from vllm_treespec.drafters.heads.checkpoint import save_head
 from vllm_treespec.drafters.heads.dart import DartConfig, DartHead
+from vllm_treespec.drafters.heads.jetspec import JetSpecConfig, JetSpecHead
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -23,13 +25,30 @@ V, H, L, D = 41, 32, 6, 4
 LAYERS = (1, 3)
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+KINDS = {"dart": (DartConfig, DartHead, {}),
+         "jetspec": (JetSpecConfig, JetSpecHead, {}),
+         "jetspec-bidirectional": (JetSpecConfig, JetSpecHead, {"within_block": "bidirectional"})}
+
+
+def _make_head(kind, embed, **overrides):
+    cfg_cls, head_cls, extra = KINDS[kind]
+    cfg = cfg_cls(**{**dict(hidden_size=H, vocab_size=V, target_num_layers=L, feature_layers=LAYERS, depth=D,
+                            num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=48), **extra, **overrides})
+    return head_cls(cfg, embed)
+
+
+def _train_logits(head, feats, next_tokens, g):
+    """[d, V] training-forward logits of prefix g (context rows 0..g, root next_tokens[g])."""
+    if isinstance(head, DartHead):
+        return head.forward_train(feats, next_tokens)[0, g]
+    return head.forward_train(feats, next_tokens, torch.tensor([[g]]))[0, 0]
+
+
+@pytest.fixture(scope="module", params=list(KINDS))
+def setup(request, tmp_path_factory):
     torch.manual_seed(0)
     embed = nn.Embedding(V, H)
-    cfg = DartConfig(hidden_size=H, vocab_size=V, target_num_layers=L, feature_layers=LAYERS, depth=D,
-                     num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=48)
-    head = DartHead(cfg, embed)
+    head = _make_head(request.param, embed)
     with torch.no_grad():
         for p in head.parameters():
             p.add_(torch.randn_like(p) * 0.3)
@@ -43,7 +62,8 @@ def setup(tmp_path_factory):
 
 
 def _drafter(path, target, builder="chain"):
-    cfg = parse_config({"drafter": {"type": "dart", "path": str(path)}, "tree": {"builder": builder}})
+    kind = json.loads((path / "config.json").read_text())["kind"]
+    cfg = parse_config({"drafter": {"type": kind, "path": str(path)}, "tree": {"builder": builder}})
     d = make_drafter(cfg.drafter, None, cfg.tree, max_model_len=64, max_nodes=D)
     d.load(target)
     return d
@@ -63,8 +83,8 @@ def _expected(head, tokens, aux, upto):
     """argmax per depth of the training forward for the prefix of positions 0..upto."""
     feats = torch.cat([aux[0], aux[1]], -1)[None, :upto + 1]
     with torch.no_grad():
-        logits = head.forward_train(feats, tokens[None, 1:upto + 2])
-    return logits[0, upto].argmax(-1).tolist()
+        logits = _train_logits(head, feats, tokens[None, 1:upto + 2], upto)
+    return logits.argmax(-1).tolist()
 
 
 def test_committed_rows_become_training_prefixes(setup):
@@ -85,8 +105,8 @@ def test_committed_rows_become_training_prefixes(setup):
 
 def test_unsorted_feature_layers_are_concatenated_in_config_order(setup, tmp_path):
     path, target, head, tokens, aux = setup
-    cfg = DartConfig(**{**head.config.__dict__, "feature_layers": (3, 1)})
-    swapped = DartHead(cfg, target.model.embed_tokens)
+    swapped = type(head)(type(head.config)(**{**head.config.__dict__, "feature_layers": (3, 1)}),
+                         target.model.embed_tokens)
     swapped.load_state_dict(head.state_dict())
     p = save_head(swapped, tmp_path / "swapped")
     d = _drafter(p, target)
@@ -94,21 +114,26 @@ def test_unsorted_feature_layers_are_concatenated_in_config_order(setup, tmp_pat
     tree = _step(d, tokens, aux, range(0, 7), 8)
     feats = torch.cat([aux[1], aux[0]], -1)[None, :7]           # layer 3 first, as configured
     with torch.no_grad():
-        want = swapped.forward_train(feats, tokens[None, 1:8])[0, 6].argmax(-1).tolist()
+        want = _train_logits(swapped, feats, tokens[None, 1:8], 6).argmax(-1).tolist()
     assert tree.draft_token_ids() == want
 
 
-def test_dart_config_errors(setup):
+def test_head_config_errors(setup):
     path = setup[0]
+    kind = json.loads((path / "config.json").read_text())["kind"]
     with pytest.raises(ConfigError, match="tree.scorer: dart .* set drafter.ngram"):
-        parse_config({"drafter": {"type": "dart", "path": str(path)},
+        parse_config({"drafter": {"type": kind, "path": str(path)},
                       "tree": {"builder": "beam", "scorer": "dart"}})
     with pytest.raises(ConfigError, match="drafter.topk"):
-        parse_config({"drafter": {"type": "dart", "path": str(path), "topk": 0}})
+        parse_config({"drafter": {"type": kind, "path": str(path), "topk": 0}})
     from vllm_treespec.drafters.heads.checkpoint import HeadCheckpointError
 
-    cfg = parse_config({"drafter": {"type": "dart", "path": "/nonexistent"}})
+    cfg = parse_config({"drafter": {"type": kind, "path": "/nonexistent"}})
     with pytest.raises(HeadCheckpointError, match="drafter.path: .* is not a directory"):
+        make_drafter(cfg.drafter, None, cfg.tree)
+    other = "jetspec" if kind == "dart" else "dart"
+    cfg = parse_config({"drafter": {"type": other, "path": str(path)}})
+    with pytest.raises(HeadCheckpointError, match=f"drafter.path: .* is a {kind} head; set drafter.type: {kind}"):
         make_drafter(cfg.drafter, None, cfg.tree)
 
 
@@ -126,3 +151,36 @@ def test_replay_hands_over_rows_like_the_engine(setup):
     records = [{"prompt_ids": tokens[:10].tolist(), "output_ids": tokens[10:30].tolist()}]
     row = replay_tau.replay(d, D, records, max_len=64, features=[[a[:30] for a in aux]])
     assert row["drafted_steps"] > 0 and row["tau"] >= 1.0 and d.restarts == 0
+
+
+def test_caches_stay_under_the_memory_bound(setup):
+    """Past drafter.memory_mb the least recently drafted request's cache goes (it restarts at its
+    next rows); a bound one request at max_model_len cannot fit fails at load, naming the key."""
+    import dataclasses
+
+    path, target, head, tokens, aux = setup
+    d = _drafter(path, target)
+    per_row = d.head.cache_bytes_per_row()
+    d.cfg = dataclasses.replace(d.cfg, memory_mb=per_row * 12 / 2**20)     # room for 12 rows
+    buf = np.stack([tokens.numpy()] * 2).astype(np.int32)
+
+    def step(reqs, positions):
+        pos = np.asarray(positions, dtype=np.int64)
+        n = len(reqs)
+        inputs = DraftInputs(req_ids=list(reqs), token_ids=buf, rows=np.arange(n),
+                             num_tokens=np.array([pos[-1] + 2] * n), budgets=np.array([D] * n),
+                             target=TargetStates(None, list(aux), [pos] * n, [pos] * n))
+        return d.propose(inputs)
+
+    step(["a"], range(0, 8))
+    step(["b"], range(0, 8))                     # 16 rows > 12: "a" (least recent) is evicted
+    assert d.counters()["evictions"] == 1 and list(d.caches) == ["b"]
+    step(["a", "b"], range(8, 10))               # both drafting: "a" restarts, nothing evictable
+    assert set(d.caches) == {"a", "b"} and d.base_pos["a"] == 8
+    assert d._cache_bytes() == per_row * 12                # a: 2 rows, b: 10 rows
+
+    kind = json.loads((path / "config.json").read_text())["kind"]
+    cfg = parse_config({"drafter": {"type": kind, "path": str(path), "memory_mb": 1}})
+    big = make_drafter(cfg.drafter, None, cfg.tree, max_model_len=2**20 // per_row + 1, max_nodes=D)
+    with pytest.raises(ConfigError, match="drafter.memory_mb: one request at max_model_len"):
+        big.load(target)

@@ -1,11 +1,12 @@
-"""DartDrafter: a DART parallel draft head (drafters/heads/dart.py) drafts every request's tree
-from ONE head forward per step, over the target's own hidden states.
+"""HeadDrafter: a learned parallel draft head (drafters/heads/: DART, JetSpec, diffusion-style)
+drafts every request's tree from ONE head forward per step, over the target's own hidden states.
 
+drafter.type names the head kind (dart, jetspec); the checkpoint's config.json must agree.
 Per step, for each request, the proposer hands over the flat rows and positions of the tokens it
 committed (prompt chunk, or verified root + accepted tree path) and the target's aux hidden
 states of the step. The head appends those rows to the request's cache (concatenated features of
-its layers + the embedding of the token that followed each one), then one batched `draft` over
-all drafting requests gives d per-depth log-prob rows each; their top-k become a `DepthTable`
+its layers + the token that followed each one; the last of those is the step's root), then one
+batched `draft` over all drafting requests gives d per-depth log-prob rows each; their top-k become a `DepthTable`
 that the configured builder shapes (DART beam with the n-gram trie as rho, JetSpec best-first,
 PRESTO, chain, threshold, static).
 
@@ -24,12 +25,12 @@ import torch
 from torch import nn
 
 from vllm_treespec.drafters.base import DraftInputs, chain_trees
+from vllm_treespec.drafters.heads import DraftHead
 from vllm_treespec.drafters.heads.checkpoint import check_head_dir, load_head
-from vllm_treespec.drafters.heads.dart import DartCache, DartHead
 from vllm_treespec.drafters.lm.loading import resolve_fixture
 from vllm_treespec.tree import DepthTable, DraftTree, build_tree
 
-__all__ = ["DartDrafter"]
+__all__ = ["HeadDrafter", "target_embedding"]
 
 
 def target_embedding(model: Any) -> nn.Embedding:
@@ -40,20 +41,20 @@ def target_embedding(model: Any) -> nn.Embedding:
         module = model.get_input_embeddings()
     weight = getattr(module, "weight", None)
     if not isinstance(weight, torch.Tensor):
-        raise RuntimeError(f"drafter dart: cannot find the token embedding of {type(model).__name__}")
+        raise RuntimeError(f"draft head: cannot find the token embedding of {type(model).__name__}")
     vocab = int(getattr(model.config, "vocab_size", weight.shape[0]))
     return nn.Embedding.from_pretrained(weight.detach()[:vocab], freeze=True)
 
 
-class DartDrafter:
-    name = "dart"
+class HeadDrafter:
     uses_target_states = True
 
     def __init__(self, cfg: Any, tokenizer_dir: str | None, tree_config: Any, *, max_model_len: int,
                  max_nodes: int, vocab_limit: int | None = None) -> None:
         self.cfg = cfg
+        self.name = cfg.type
         self.path = resolve_fixture(cfg.path)
-        _, self.head_config = check_head_dir(self.path)
+        _, self.head_config = check_head_dir(self.path, kind=cfg.type)
         self.builder = tree_config.builder if tree_config is not None else "chain"
         self.params = tree_config.builder_params() if tree_config is not None else {}
         self.rho = None
@@ -62,10 +63,12 @@ class DartDrafter:
 
             self.rho = TrieSignal(load_checked_trie(cfg.ngram, tokenizer_dir, None))
         self.vocab_limit = vocab_limit
-        self.head: DartHead | None = None
-        self.caches: dict[str, DartCache] = {}
+        self.head: DraftHead | None = None
+        self.caches: dict[str, Any] = {}
         self.base_pos: dict[str, int] = {}     # absolute position of the cache's first row
         self.restarts = 0                       # caches restarted at a gap in positions
+        self.evictions = 0                      # caches dropped to stay under drafter.memory_mb
+        self.max_model_len = max_model_len
 
     @property
     def aux_layers(self) -> tuple[int, ...]:
@@ -74,7 +77,15 @@ class DartDrafter:
 
     def load(self, target_model: Any) -> None:
         embed = target_embedding(target_model)
-        self.head = load_head(self.path, target_model.config, embed, dtype=embed.weight.dtype)
+        self.head = load_head(self.path, target_model.config, embed, dtype=embed.weight.dtype,
+                              kind=self.cfg.type)
+        one = self.head.cache_bytes_per_row() * self.max_model_len
+        if one > self.cfg.memory_mb * 2**20:
+            from vllm_treespec.schema import ConfigError
+
+            raise ConfigError(f"drafter.memory_mb: one request at max_model_len={self.max_model_len} needs "
+                              f"{one / 2**20:.1f} MiB of head cache, more than the bound "
+                              f"{self.cfg.memory_mb:g}; raise drafter.memory_mb or lower --max-model-len")
         order = sorted(self.head_config.feature_layers)
         self._feature_order = [order.index(l) for l in self.head_config.feature_layers]
 
@@ -84,7 +95,25 @@ class DartDrafter:
             self.base_pos.pop(r, None)
 
     def counters(self) -> dict[str, int]:
-        return {"restarts": self.restarts, "cached_requests": len(self.caches)}
+        return {"restarts": self.restarts, "evictions": self.evictions, "cached_requests": len(self.caches),
+                "cache_mb": round(self._cache_bytes() / 2**20, 3)}
+
+    def _cache_bytes(self) -> int:
+        return sum(self.head.cache_bytes_per_row() * c.length for c in self.caches.values()) if self.head else 0
+
+    def _bound_memory(self, active: set[str]) -> None:
+        """Evict least recently drafted caches (not this step's) while over drafter.memory_mb."""
+        assert self.head is not None
+        per_row, limit = self.head.cache_bytes_per_row(), self.cfg.memory_mb * 2**20
+        total = self._cache_bytes()
+        for req in list(self.caches):           # insertion order = least recently extended first
+            if total <= limit:
+                break
+            if req in active:
+                continue
+            total -= per_row * self.caches.pop(req).length
+            self.base_pos.pop(req, None)
+            self.evictions += 1
 
     # -- per step -------------------------------------------------------------------------
     def propose(self, inputs: DraftInputs) -> list[DraftTree]:
@@ -126,8 +155,7 @@ class DartDrafter:
             # the cache holds positions base .. base + length - 1 (contiguous)
             keep = start - self.base_pos[req] if cache is not None else 0
             if cache is not None and keep < cache.length:
-                cache = None if keep <= 0 else DartCache(cache.k[:, :keep], cache.v[:, :keep],
-                                                         cache.last_input, keep)
+                cache = None if keep <= 0 else self.head.truncate(cache, keep)
             elif cache is not None and keep > cache.length:
                 cache = None
                 self.restarts += 1
@@ -138,4 +166,6 @@ class DartDrafter:
             feats = torch.cat([aux[k][idx] for k in self._feature_order], -1).to(self.head.fc.weight.dtype)
             row = int(inputs.rows[i])
             nxt = torch.as_tensor(inputs.token_ids[row, pos + 1].astype(np.int64))
+            self.caches.pop(req, None)          # re-inserted last: the LRU order of eviction
             self.caches[req] = self.head.extend(cache, feats, nxt)
+        self._bound_memory(set(inputs.req_ids))
