@@ -28,6 +28,22 @@ def _proposer_state(worker) -> dict:
     }
 
 
+def _settled_proposer_state(llm, timeout_s: float = 20.0) -> list:
+    """The proposer state once the engine has told the worker about the last finished requests.
+
+    vLLM hands a worker the ids of requests that finished in step t with step t+1's scheduler
+    output; the engine core runs that flush step on its own, racing this RPC. Poll until no
+    request is tracked (a real leak never gets there and the caller's assertions fail)."""
+    deadline = time.time() + timeout_s
+    while True:
+        state = llm.collective_rpc(_proposer_state)
+        held = [(s.get("tracked_requests") or 0) + ((s.get("drafter") or {}).get("cached_requests") or 0)
+                for s in state]
+        if not any(held) or time.time() > deadline:
+            return state
+        time.sleep(0.2)
+
+
 def _sampling(sp: dict):
     from vllm import SamplingParams
 
@@ -122,7 +138,7 @@ def main() -> None:
         })
     result["metrics"] = _metrics(llm)
     if job.get("inspect_proposer"):
-        result["proposer"] = llm.collective_rpc(_proposer_state)
+        result["proposer"] = _settled_proposer_state(llm)
     json.dump(result, open(sys.argv[2], "w"))
 
 
