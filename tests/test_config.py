@@ -116,7 +116,7 @@ def test_additional_config_must_be_a_mapping():
 
 def test_reference_lists_every_key():
     ref = config_reference()
-    for key in ["drafter.min_ngram", "drafter.max_ngram", "tree.builder", "budget.max_nodes"]:
+    for key in ["drafter.min_ngram", "drafter.max_ngram", "tree.builder", "budget.max_nodes", "budget.mode"]:
         assert f"`{key}`" in ref
 
 

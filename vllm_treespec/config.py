@@ -22,7 +22,8 @@ CONFIGS_DIR = PROJECT_ROOT / "configs"
 DEFAULT_PRESET = "prompt-lookup"
 ADDITIONAL_CONFIG_KEY = "treespec"
 
-__all__ = ["ConfigError", "TreespecConfig", "PromptLookupConfig", "LookupTrieConfig", "DraftModelConfig", "load_config", "config_reference"]
+__all__ = ["ConfigError", "TreespecConfig", "PromptLookupConfig", "LookupTrieConfig", "DraftModelConfig",
+           "BudgetConfig", "BudgetRule", "AutoBudgetConfig", "load_config", "config_reference"]
 
 
 def _check_ngram_range(section: Any, prefix: str) -> None:
@@ -281,11 +282,219 @@ def _dry_run_build(tree: TreeConfig, prefix: str) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
+class BudgetTreeOverrides:
+    """Tree keys a budget.table rule overrides for its steps (as in the tree section; null = keep)."""
+    topk: int | None = spec(None, ge=1, le=1024, doc="best_first, beam: children considered per node.")
+    width: int | None = spec(None, ge=1, le=65536, doc="beam: beam width.")
+    branch: int | None = spec(None, ge=1, le=1024, doc="threshold: children per node.")
+    tau: float | None = spec(None, doc="threshold: prune paths below this cumulative probability.")
+    template: tuple[int, ...] | None = spec(None, doc="static: fan-out per depth.")
+
+    def builder_params(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) is not None}
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetRule:
+    """One budget.table rule: steps whose batch size (and context length) fall in its ranges get
+    its node budget."""
+    batch: tuple[int | None, ...] = spec(doc=(
+        "[first, last] batch sizes (requests decoding in the step), inclusive; last null = no upper "
+        "limit, e.g. [1, 4] or [17, null]. Rules may not overlap and must cover 1 and up."))
+    nodes: int = spec(ge=0, le=1024, doc=(
+        "Draft nodes per request; 0 = plain decoding for these steps (no drafter call, no tree)."))
+    context: tuple[int | None, ...] | None = spec(None, doc=(
+        "[first, last] context lengths in tokens, inclusive (last null = no limit); null = any. "
+        "Where rules name context ranges they must cover every context length."))
+    max_depth: int | None = spec(None, ge=1, le=1024, doc=(
+        "Deepest tree level for these steps; null = tree.max_depth."))
+    tree: BudgetTreeOverrides = spec(default_factory=BudgetTreeOverrides, doc=(
+        "Builder keys overridden for these steps (topk, width, branch, tau, template)."))
+
+    def validate(self, prefix: str) -> None:
+        for name, least in (("batch", 1), ("context", 0)):
+            rng = getattr(self, name)
+            if rng is not None and (len(rng) != 2 or rng[0] is None or rng[0] < least
+                                    or rng[1] is not None and rng[1] < rng[0]):
+                raise ConfigError(f"{prefix}.{name}: {list(rng)} is not a range; write [first, last] with "
+                                  f"{least} <= first <= last (last null = no upper limit), e.g. "
+                                  f"[{least}, {least + 3}] or [{least + 4}, null]")
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetPresetFile:
+    """A budget preset file (configs/budgets/*.yaml): a table."""
+    table: tuple[BudgetRule, ...] = spec(doc="The table rules (as budget.table).")
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoBudgetConfig:
+    """budget.mode auto: pick the budget maximising predicted accepted tokens per second online."""
+    candidates: tuple[int, ...] | None = spec(None, doc=(
+        "Node budgets to choose from (0 = plain decoding); null = 0, the powers of two below the "
+        "largest budget and the largest (max_nodes, else num_speculative_tokens)."))
+    margin: float = spec(0.05, ge=0.0, le=10.0, doc=(
+        "Switch away from a batch-size bucket's current budget only when the best candidate's "
+        "predicted tokens/s beats it by this fraction ..."))
+    patience: int = spec(3, ge=1, le=100000, doc="... in this many consecutive decisions of the bucket.")
+    explore_every: int = spec(64, ge=0, le=1000000, doc=(
+        "Every n-th decision of a batch-size bucket tries a neighbouring candidate (alternately "
+        "larger and smaller) so unchosen budgets' acceptance stays measured; 0 = off."))
+    ema: float = spec(0.1, doc=(
+        "Weight of a new step in the moving averages of verify cost, drafter time and tree fill. "
+        "Range: (0, 1]."))
+    accept_ema: float = spec(0.02, doc=(
+        "Weight of a new request-step in the moving average of accepted tokens per budget. Range: (0, 1]."))
+    prior_gain: float = spec(0.75, ge=0.0, le=64.0, doc=(
+        "Acceptance prior: min(b, prior_gain * log2(1 + b)) accepted tokens per request-step at "
+        "budget b ..."))
+    prior_weight: float = spec(8.0, ge=0.0, le=1000000.0, doc="... worth this many request-steps.")
+    profile: tuple[tuple[float, ...], ...] | None = spec(None, doc=(
+        "Verify cost points [[query_tokens, seconds], ...] seeding the cost model (a profile the "
+        "engine measures at startup takes precedence); null = learn from served steps only."))
+
+    def validate(self, prefix: str) -> None:
+        if self.candidates is not None:
+            if not self.candidates:
+                raise ConfigError(f"{prefix}.candidates: empty; list node budgets, e.g. [0, 4, 8, 16], "
+                                  "or null for the default")
+            for i, c in enumerate(self.candidates):
+                if not 0 <= c <= 1024:
+                    raise ConfigError(f"{prefix}.candidates[{i}]: {c} is out of range; "
+                                      "allowed 0 <= budget <= 1024")
+        for name in ("ema", "accept_ema"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise ConfigError(f"{prefix}.{name}: {getattr(self, name)} is out of range; "
+                                  f"allowed 0 < {name} <= 1")
+        for i, point in enumerate(self.profile or ()):
+            if len(point) != 2 or point[0] < 1 or point[1] <= 0:
+                raise ConfigError(f"{prefix}.profile[{i}]: {list(point)} is not a cost point; write "
+                                  "[query_tokens, seconds] with query_tokens >= 1 and seconds > 0")
+
+
+BUDGET_MODES = ("fixed", "table", "auto")
+
+
+@dataclasses.dataclass(frozen=True)
 class BudgetConfig:
     """How many draft nodes a request may get per step."""
     max_nodes: int | None = spec(None, ge=1, le=1024, doc=(
         "Most draft tokens per request and step; null = num_speculative_tokens of "
-        "--speculative-config. Must not exceed num_speculative_tokens."))
+        "--speculative-config. Must not exceed num_speculative_tokens. Modes table and auto: "
+        "caps every choice."))
+    mode: Literal["fixed", "table", "auto"] = spec("fixed", doc=(
+        "fixed = max_nodes every step; table = by batch size (and context length) from "
+        "budget.preset or budget.table; auto = online choice among budget.auto.candidates."))
+    preset: str | None = spec(None, doc=(
+        "mode table: a table file, by name in configs/budgets/ (cpu, h100, h200) or as a path."))
+    table: tuple[BudgetRule, ...] | None = spec(None, doc=(
+        "mode table: inline rules, e.g. [{batch: [1, 4], nodes: 16}, {batch: [5, null], nodes: 0}]; "
+        "keys per rule: budget.table[].*"))
+    auto: AutoBudgetConfig = spec(default_factory=AutoBudgetConfig, doc="mode auto: parameters.")
+
+    def validate(self, prefix: str) -> None:
+        if self.mode != "table":
+            for name in ("preset", "table"):
+                if getattr(self, name) is not None:
+                    raise ConfigError(f"{prefix}.{name}: used only with {prefix}.mode table (mode is "
+                                      f"{self.mode!r}); set mode: table or remove {name}")
+        if self.mode != "auto" and self.auto != AutoBudgetConfig():
+            raise ConfigError(f"{prefix}.auto: used only with {prefix}.mode auto (mode is {self.mode!r}); "
+                              "set mode: auto or remove auto")
+        if self.mode == "table":
+            if self.preset is None and self.table is None:
+                raise ConfigError(f"{prefix}.table: mode table needs rules; set {prefix}.preset (one of "
+                                  f"{', '.join(budget_presets()) or 'none found'}, or a YAML path) or an "
+                                  f"inline {prefix}.table")
+            if self.preset is not None and self.table is not None:
+                raise ConfigError(f"{prefix}.preset: give either preset or table, not both; remove one")
+            from vllm_treespec.budget import make_budget_policy
+
+            make_budget_policy(self, 1024)   # checks ranges: no overlap, every batch size covered
+
+    def rules(self) -> tuple[BudgetRule, ...]:
+        """mode table: the inline rules or the preset file's."""
+        if self.table is not None:
+            return self.table
+        return _read_budget_preset(str(resolve_budget_preset(self.preset)))
+
+    def rules_key(self) -> str:
+        """The config key of the rules in error messages."""
+        if self.table is not None:
+            return "budget.table"
+        return f"budget.preset {resolve_budget_preset(self.preset)}: table"
+
+    def largest(self, num_speculative_tokens: int) -> int:
+        """The most nodes any step may get (>= 1, to size drafter buffers)."""
+        cap = self.max_nodes or num_speculative_tokens
+        if self.mode == "table":
+            return max(1, min(cap, max(r.nodes for r in self.rules())))
+        if self.mode == "auto" and self.auto.candidates is not None:
+            return max(1, min(cap, max(self.auto.candidates)))
+        return cap
+
+    def check_nodes(self, num_speculative_tokens: int) -> None:
+        """Every budget fits num_speculative_tokens (vLLM sizes draft slots by it)."""
+        nst = num_speculative_tokens
+        if self.max_nodes is not None and self.max_nodes > nst:
+            raise ConfigError(
+                f"budget.max_nodes: {self.max_nodes} exceeds num_speculative_tokens="
+                f"{nst} of --speculative-config; lower max_nodes or raise "
+                "num_speculative_tokens")
+        if self.max_nodes is not None:
+            return   # max_nodes caps every choice of table and auto
+        if self.mode == "table":
+            rules, key = self.rules(), self.rules_key()
+            for i, r in enumerate(rules):
+                if r.nodes > nst:
+                    raise ConfigError(
+                        f"{key}[{i}].nodes: {r.nodes} exceeds num_speculative_tokens={nst} of "
+                        f"--speculative-config; raise num_speculative_tokens to "
+                        f"{max(x.nodes for x in rules)} or set budget.max_nodes to cap the table")
+        if self.mode == "auto":
+            for i, c in enumerate(self.auto.candidates or ()):
+                if c > nst:
+                    raise ConfigError(
+                        f"budget.auto.candidates[{i}]: {c} exceeds num_speculative_tokens={nst} of "
+                        "--speculative-config; raise num_speculative_tokens, lower the candidate or set "
+                        "budget.max_nodes to cap the candidates")
+
+
+def budget_presets() -> list[str]:
+    return sorted(p.stem for p in (CONFIGS_DIR / "budgets").glob("*.yaml"))
+
+
+def resolve_budget_preset(name: str | None) -> Path:
+    """A budget table file: a name in configs/budgets/, or a path (as given or from the project root)."""
+    name = name or ""
+    candidates = [CONFIGS_DIR / "budgets" / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml"),
+                  Path(name).expanduser()]
+    if not Path(name).is_absolute():
+        candidates.append(PROJECT_ROOT / name)
+    for c in candidates:
+        if name and c.is_file():
+            return c.resolve()
+    looked = ", ".join(str(c) for c in candidates)
+    raise ConfigError(f"budget.preset: {name!r} not found (looked at: {looked}); use one of "
+                      f"{', '.join(budget_presets()) or 'none found'} or an existing YAML path")
+
+
+_PRESET_CACHE: dict[tuple[str, int], tuple[BudgetRule, ...]] = {}
+
+
+def _read_budget_preset(path: str) -> tuple[BudgetRule, ...]:
+    """The rules of a preset file (cached by path and modification time)."""
+    key = (path, Path(path).stat().st_mtime_ns)
+    if key not in _PRESET_CACHE:
+        try:
+            _PRESET_CACHE[key] = parse_section(BudgetPresetFile, read_yaml(Path(path)), "").table
+        except ConfigError as e:
+            msg = str(e)
+            if not msg.startswith("treespec config"):   # read_yaml names the file itself
+                msg = f"budget.preset {path}: {msg}"
+            raise ConfigError(msg) from None
+    return _PRESET_CACHE[key]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,7 +506,8 @@ class TreespecConfig:
     source: str = spec("<inline>", doc="Where the config came from (set by the loader).")
 
     def node_budget(self, num_speculative_tokens: int) -> int:
-        return self.budget.max_nodes or num_speculative_tokens
+        """The most draft nodes a request may get in any step (budget.max_nodes in mode fixed)."""
+        return self.budget.largest(num_speculative_tokens)
 
     def as_dict(self) -> dict[str, Any]:
         return to_dict(self)
@@ -327,6 +537,7 @@ def parse_config(raw: Any, source: str = "<inline>", num_speculative_tokens: int
         cfg = parse_section(TreespecConfig, {**body, "drafter": {}, "source": source}, "")
         cfg = dataclasses.replace(cfg, drafter=drafter)
         _check_drafter_tree(cfg)
+        _check_budget_tree(cfg)
         if num_speculative_tokens is not None:
             _check_budget(cfg, num_speculative_tokens)
         return cfg
@@ -381,11 +592,35 @@ def _check_drafter_tree(cfg: TreespecConfig) -> None:
 
 
 def _check_budget(cfg: TreespecConfig, num_speculative_tokens: int) -> None:
-    if cfg.budget.max_nodes is not None and cfg.budget.max_nodes > num_speculative_tokens:
-        raise ConfigError(
-            f"budget.max_nodes: {cfg.budget.max_nodes} exceeds num_speculative_tokens="
-            f"{num_speculative_tokens} of --speculative-config; lower max_nodes or raise "
-            "num_speculative_tokens")
+    cfg.budget.check_nodes(num_speculative_tokens)
+
+
+def _check_budget_tree(cfg: TreespecConfig) -> None:
+    """Table rules override only tree keys the builder reads, with values it accepts."""
+    if cfg.budget.mode != "table":
+        return
+    builder, used = cfg.tree.builder, _BUILDER_KEYS[cfg.tree.builder]
+    ranking = _SELF_RANKING.get(cfg.drafter.type)
+    key = cfg.budget.rules_key()
+    checked = set()
+    for i, rule in enumerate(cfg.budget.rules()):
+        overrides = rule.tree.builder_params()
+        if rule.max_depth is not None and "max_depth" not in used:
+            raise ConfigError(f"{key}[{i}].max_depth: not used by builder {builder!r} (it reads "
+                              f"{', '.join(used)}); remove it or change tree.builder")
+        for name in overrides:
+            if ranking:
+                raise ConfigError(f"{key}[{i}].tree.{name}: {cfg.drafter.type} ranks tree nodes by "
+                                  f"{ranking}; of the builder keys only max_depth applies (remove it)")
+            if name not in used:
+                raise ConfigError(f"{key}[{i}].tree.{name}: not used by builder {builder!r} (it reads "
+                                  f"{', '.join(used)}); remove it or change tree.builder")
+        if rule.max_depth is not None:
+            overrides["max_depth"] = rule.max_depth
+        frozen = tuple(sorted(overrides.items()))
+        if overrides and frozen not in checked:
+            checked.add(frozen)
+            _dry_run_build(dataclasses.replace(cfg.tree, **overrides), f"{key}[{i}]")
 
 
 def resolve_path(name: str) -> Path:
@@ -437,7 +672,12 @@ def from_additional_config(additional_config: Any, num_speculative_tokens: int |
 
 def config_reference() -> str:
     """Markdown table of every config key (rendered into the README)."""
-    rows = [r for r in reference_rows(TreespecConfig) if r[0] not in ("source", "drafter")]
+    rows = []
+    for row in reference_rows(TreespecConfig):
+        if row[0] not in ("source", "drafter"):
+            rows.append(row)
+        if row[0] == "budget.table":
+            rows.extend(reference_rows(BudgetRule, "budget.table[]"))
     for kind, cls in DRAFTERS.items():
         rows.append((f"drafter (type: {kind})", "mapping", "", (cls.__doc__ or "").strip()))
         rows.extend(r for r in reference_rows(cls, "drafter"))

@@ -81,6 +81,14 @@ def _check_scalar(key: str, value: Any, tp: Any) -> Any:
 def _check_value(key: str, value: Any, tp: Any) -> Any:
     origin = typing.get_origin(tp)
     if origin in _UNIONS:
+        rest = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is not None and len(rest) == 1:   # X | None: keep X's error about a nested key
+            try:
+                return _check_value(key, value, rest[0])
+            except ConfigError as e:
+                if not str(e).startswith(f"{key}:"):
+                    raise
+            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
         for alt in typing.get_args(tp):
             try:
                 return _check_value(key, value, alt)
