@@ -4,8 +4,10 @@
 
 Every variant trains from the same seed on the `head-data` fixture (code-lm's own continuations of
 256 training prompts, regenerated through vLLM) with the fixture heads' recipes and only the named
-change, and is evaluated on the same held-out tenth of the sequences: alpha-k = the head's top-1
-at depth k equals the target's greedy token, hit@10 = the target's token is in the head's top 10.
+change, and is evaluated on the same held-out tenth of the sequences, twice: on 64-row windows
+(short contexts, as the DART fixture trains) and on whole sequences (<= 512 rows, the long
+contexts serving hands a head). alpha-k = the head's top-1 at depth k equals the target's greedy
+token, hit@10 = the target's token is in the head's top 10.
 
     .venv/bin/python benchmarks/bench_head_accuracy.py                   # everything, 600 steps each
     .venv/bin/python benchmarks/bench_head_accuracy.py --variants dart dart-unshifted --steps 200
@@ -30,6 +32,7 @@ def variants() -> dict[str, tuple[str, dict, dict]]:
     }
     for g in (0.5, 0.7, 0.8, 0.9, 1.0):
         out[f"dart-gamma-{g}"] = ("dart", {}, {"gamma": g})
+    out["dart-window-256"] = ("dart", {}, {"window": 256, "batch_size": 4})   # longer training contexts
     out["jetspec-causal"] = ("jetspec", {"num_layers": 2}, {})
     out["jetspec-bidirectional"] = ("jetspec", {"num_layers": 2, "within_block": "bidirectional"}, {})
     return out
@@ -39,6 +42,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variants", nargs="+", default=list(variants()), choices=list(variants()))
     p.add_argument("--steps", type=int, default=600, help="training steps per variant (fixtures: 600)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--output", type=Path, default=RESULTS / "bench_head_accuracy_code-lm.json")
     return p.parse_args(argv)
 
@@ -57,10 +61,38 @@ def train_variant(name: str, steps: int, work: Path) -> dict:
         from vllm_treespec.train.jetspec_recipe import JetSpecRecipe as Recipe
     recipe = Recipe(**recipe_dict)
     start = time.perf_counter()
-    metrics = train_head(build_fixture("code-lm"), build_fixture("head-data"), work / name, recipe, kind=kind,
-                         depth=8, resume=False, progress=False, **shape)
-    return {"variant": name, "kind": kind, "config": shape, "recipe": recipe_dict,
-            "train_s": round(time.perf_counter() - start, 1), **metrics}
+    target = build_fixture("code-lm")
+    train_head(target, build_fixture("head-data"), work / name, recipe, kind=kind, depth=8, resume=False,
+               progress=False, **shape)
+    train_s = round(time.perf_counter() - start, 1)
+    return {"variant": name, "kind": kind, "config": shape, "recipe": recipe_dict, "train_s": train_s,
+            **evaluate_windows(target, work / name)}
+
+
+def evaluate_windows(target_dir: Path, head_dir: Path) -> dict:
+    """Held-out metrics of a checkpoint on 64-row windows (keys accuracy, hit_at_10) and on whole
+    sequences (keys accuracy_full, hit_at_10_full)."""
+    import json as _json
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from vllm_treespec.drafters.heads.checkpoint import load_head
+    from vllm_treespec.drafters.parallel_head import target_embedding
+    from vllm_treespec.fixtures import build_fixture
+    from vllm_treespec.train.cli import held_out_mask
+    from vllm_treespec.train.loop import evaluate_head
+    from vllm_treespec.train.shards import SequenceWindows, load_shards
+
+    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32)
+    head = load_head(head_dir, model.config, target_embedding(model))
+    data_dir = build_fixture("head-data")
+    manifest = _json.loads((data_dir / "data.json").read_text())
+    data = load_shards([data_dir / s for s in manifest["shards"]])
+    held = data.subset(held_out_mask(data.num_sequences))
+    short = evaluate_head(head, SequenceWindows(held, 64))
+    full = evaluate_head(head, SequenceWindows(held, 512), batch_size=2)
+    return {**short, "accuracy_full": full["accuracy"], "hit_at_10_full": full["hit_at_10"]}
 
 
 def plot(rows: list[dict], path: Path, title: str) -> Path:
@@ -69,16 +101,18 @@ def plot(rows: list[dict], path: Path, title: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     for row in rows:
         depth = range(1, len(row["accuracy"]) + 1)
         axes[0].plot(depth, row["accuracy"], marker="o", label=row["variant"])
-        axes[1].plot(depth, row["hit_at_10"], marker="o", label=row["variant"])
-    for ax, what in zip(axes, ("alpha-k (top-1 accuracy)", "hit@10")):
+        axes[1].plot(depth, row["accuracy_full"], marker="o", label=row["variant"])
+        axes[2].plot(depth, row["hit_at_10_full"], marker="o", label=row["variant"])
+    for ax, what in zip(axes, ("alpha-k, 64-row windows", "alpha-k, whole sequences",
+                               "hit@10, whole sequences")):
         ax.set_xlabel("depth k")
         ax.set_ylabel(what)
         ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=7)
+    axes[2].legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -90,14 +124,18 @@ def main(argv: list[str] | None = None) -> int:
     from vllm_treespec.report import hardware_info, hardware_line, software_info
 
     ns = parse_args(argv)
+    if ns.threads:
+        import torch
+
+        torch.set_num_threads(ns.threads)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in ns.variants:
             row = train_variant(name, ns.steps, Path(tmp))
             rows.append(row)
             acc = " ".join(f"{a:.3f}" for a in row["accuracy"])
-            hit = " ".join(f"{a:.3f}" for a in row["hit_at_10"])
-            print(f"{name:24s} train {row['train_s']:7.1f}s  alpha-k {acc}  hit@10 {hit}", flush=True)
+            full = " ".join(f"{a:.3f}" for a in row["accuracy_full"])
+            print(f"{name:24s} train {row['train_s']:7.1f}s  alpha-k (64 rows) {acc}  (whole) {full}", flush=True)
     hw = hardware_info()
     record = {"benchmark": "bench_head_accuracy", "hardware": hw, "software": software_info(),
               "data": "fixture:head-data (code-lm)", "steps": ns.steps, "rows": rows,

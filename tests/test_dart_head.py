@@ -14,16 +14,20 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 V, H = 37, 32
 
 
-def _head(within="causal", depth=4, seed=0, shifted=True):
+def make_random_head(config_cls, head_cls, seed=0, **fields):
+    """A float64 head of any kind with weights perturbed so that mask rows and attention matter."""
     torch.manual_seed(seed)
-    cfg = DartConfig(hidden_size=H, vocab_size=V, target_num_layers=6, feature_layers=(0, 1, 2),
-                     depth=depth, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=48,
-                     within_block=within, shifted=shifted)
-    head = DartHead(cfg, nn.Embedding(V, H)).double().eval()
-    with torch.no_grad():                     # make the mask rows and attention matter
+    cfg = config_cls(**{**dict(hidden_size=H, vocab_size=V, target_num_layers=6, feature_layers=(0, 1, 2),
+                               num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=48), **fields})
+    head = head_cls(cfg, nn.Embedding(V, H)).double().eval()
+    with torch.no_grad():
         for p in head.parameters():
             p.add_(torch.randn_like(p) * 0.3)
     return head
+
+
+def _head(within="causal", depth=4, seed=0, shifted=True):
+    return make_random_head(DartConfig, DartHead, seed, depth=depth, within_block=within, shifted=shifted)
 
 
 def _data(b, p, seed=1):

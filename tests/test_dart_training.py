@@ -77,19 +77,25 @@ def test_training_learns_the_teachers_language(tmp_path):
     assert after["accuracy"][1] > 0.6 and min(after["hit_at_10"]) > 0.8
 
 
-def test_a_stopped_run_resumes_exactly(tmp_path):
-    windows = SequenceWindows(_synthetic_shard(num_seqs=12), 12)
-    recipe = DartRecipe(steps=12, batch_size=4, window=12, warmup=3, checkpoint_every=6)
-    straight = _head()
-    train_dart(straight, windows, recipe, tmp_path / "a", progress=False)
-    train_dart(_head(), windows, recipe, tmp_path / "b", progress=False, stop_after=5)  # stops mid-way
-    other = _head(seed=9)                                # a fresh process: weights come from the state
-    losses = train_dart(other, windows, recipe, tmp_path / "b", progress=False)
-    assert len(losses) == 7
+def check_resume_is_exact(train, make_head, windows, recipe, changed_recipe, tmp_path) -> None:
+    """A run stopped at step 5 and resumed in a 'fresh process' (other initial weights) ends with
+    the same weights as an uninterrupted run; resuming with another recipe is refused."""
+    straight = make_head()
+    train(straight, windows, recipe, tmp_path / "a", progress=False)
+    train(make_head(), windows, recipe, tmp_path / "b", progress=False, stop_after=5)   # stops mid-way
+    other = make_head(seed=9)                          # a fresh process: weights come from the state
+    losses = train(other, windows, recipe, tmp_path / "b", progress=False)
+    assert len(losses) == recipe.steps - 5
     for (k, a), (_, b) in zip(straight.trainable_state().items(), other.trainable_state().items()):
         assert torch.equal(a, b), k
     with pytest.raises(ValueError, match="resume with"):
-        train_dart(_head(), windows, replace(recipe, lr=1.0), tmp_path / "b", progress=False)
+        train(make_head(), windows, changed_recipe, tmp_path / "b", progress=False)
+
+
+def test_a_stopped_run_resumes_exactly(tmp_path):
+    recipe = DartRecipe(steps=12, batch_size=4, window=12, warmup=3, checkpoint_every=6)
+    check_resume_is_exact(train_dart, _head, SequenceWindows(_synthetic_shard(num_seqs=12), 12), recipe,
+                          replace(recipe, lr=1.0), tmp_path)
 
 
 def test_shards_round_trip_and_reject_inconsistent_data(tmp_path):

@@ -18,9 +18,13 @@ PROMPTS = ["def fibonacci(n):\n    ", "import os\nimport sys\n\nclass Config:\n"
 # (head kind, builder) pairs run on random heads of the tiny model
 BUILDERS = {"best_first": {"builder": "best_first", "max_depth": 4},
             "chain": {"builder": "chain"},
-            "static": {"builder": "static", "template": [2, 2, 1]}}
-RANDOM_RUNS = [("dart", "best_first"), ("dart", "chain"), ("dart", "static"),
-               ("jetspec", "best_first"), ("jetspec", "chain"), ("diffusion", "static")]
+            "static": {"builder": "static", "template": [2, 2, 1]},
+            "beam": {"builder": "beam", "topk": 3, "width": 3},
+            "threshold": {"builder": "threshold", "branch": 2, "tau": 1e-6}}
+# every builder with DART and with JetSpec heads; the diffusion head shares JetSpec's serving path
+RANDOM_RUNS = [("dart", "best_first"), ("dart", "chain"), ("dart", "static"), ("dart", "beam"),
+               ("dart", "threshold"), ("jetspec", "best_first"), ("jetspec", "chain"), ("jetspec", "static"),
+               ("jetspec", "beam"), ("jetspec", "threshold"), ("diffusion", "best_first")]
 
 
 def _random_head(tiny_model, out, kind):

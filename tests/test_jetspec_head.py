@@ -10,29 +10,13 @@ import pytest
 import torch
 from torch import nn
 
+from test_dart_head import H, V, _data, make_random_head
 from vllm_treespec.drafters.heads.jetspec import JetSpecConfig, JetSpecHead
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-V, H = 37, 32
-
-
 def _head(within="causal", depth=4, seed=0, layers=2):
-    torch.manual_seed(seed)
-    cfg = JetSpecConfig(hidden_size=H, vocab_size=V, target_num_layers=6, feature_layers=(0, 1, 2),
-                        depth=depth, num_layers=layers, num_heads=4, num_kv_heads=2, head_dim=8,
-                        intermediate_size=48, within_block=within)
-    head = JetSpecHead(cfg, nn.Embedding(V, H)).double().eval()
-    with torch.no_grad():                     # make the mask row and attention matter
-        for p in head.parameters():
-            p.add_(torch.randn_like(p) * 0.3)
-    return head
-
-
-def _data(b, p, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(b, p, 3 * H, generator=g, dtype=torch.float64),
-            torch.randint(0, V, (b, p), generator=g))
+    return make_random_head(JetSpecConfig, JetSpecHead, seed, depth=depth, num_layers=layers, within_block=within)
 
 
 def _all_prefixes(b, p):

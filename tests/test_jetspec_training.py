@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from test_dart_training import F, V, _synthetic_shard
+from test_dart_training import F, V, _synthetic_shard, check_resume_is_exact
 from vllm_treespec.drafters.heads.jetspec import JetSpecConfig, JetSpecHead
 from vllm_treespec.train.jetspec_recipe import JetSpecRecipe, jetspec_loss, sample_anchors, train_jetspec
 from vllm_treespec.train.loop import distill_kl, evaluate_head
@@ -80,17 +80,8 @@ def test_training_learns_the_teachers_language(tmp_path, within):
 def test_a_stopped_run_resumes_exactly(tmp_path):
     windows = SequenceWindows(_synthetic_shard(num_seqs=12), 12)
     recipe = JetSpecRecipe(steps=12, batch_size=4, window=12, anchors=4, warmup=3, checkpoint_every=6)
-    straight = _head()
-    train_jetspec(straight, windows, recipe, tmp_path / "a", progress=False)
-    train_jetspec(_head(), windows, recipe, tmp_path / "b", progress=False, stop_after=5)
-    other = _head(seed=9)
-    losses = train_jetspec(other, windows, recipe, tmp_path / "b", progress=False)
-    assert len(losses) == 7
-    for (k, a), (_, b) in zip(straight.trainable_state().items(), other.trainable_state().items()):
-        assert torch.equal(a, b), k
-    with pytest.raises(ValueError, match="resume with"):
-        train_jetspec(_head(), windows, replace(recipe, temperature=2.0), tmp_path / "b", progress=False)
+    check_resume_is_exact(train_jetspec, _head, windows, recipe, replace(recipe, temperature=2.0), tmp_path)
     with pytest.raises(ValueError, match="anchors must be >= 1"):
         JetSpecRecipe(anchors=0)
-    window = windows.batch([0, 1])
-    assert torch.equal(jetspec_loss(straight, window, recipe, 3), jetspec_loss(straight, window, recipe, 3))
+    window, head = windows.batch([0, 1]), _head()
+    assert torch.equal(jetspec_loss(head, window, recipe, 3), jetspec_loss(head, window, recipe, 3))

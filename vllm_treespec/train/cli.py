@@ -119,6 +119,18 @@ def cmd_train(ns: argparse.Namespace) -> int:
     return 0
 
 
+def held_out_mask(num_sequences: int) -> Any:
+    """bool [S]: the evaluation sequences (every tenth, at least one; the rest train)."""
+    import torch
+
+    if num_sequences < 2:
+        raise ValueError("need at least 2 sequences (one is held out for evaluation)")
+    held = torch.arange(num_sequences) % 10 == 9
+    if not bool(held.any()):
+        held[-1] = True
+    return held
+
+
 def train_head(model_dir: Path, data_dir: Path, out_dir: Path, recipe: Any, *, kind: str = "dart",
                depth: int = 8, within_block: str = "causal", resume: bool = True, progress: bool = True,
                **shape: Any) -> dict:
@@ -150,11 +162,7 @@ def train_head(model_dir: Path, data_dir: Path, out_dir: Path, recipe: Any, *, k
                         intermediate_size=tc.intermediate_size,
                         rope_theta=float(getattr(tc, "rope_theta", 1e6)), within_block=within_block, **shape)
     data = load_shards([data_dir / s for s in manifest["shards"]])
-    if data.num_sequences < 2:
-        raise ValueError("need at least 2 sequences (one is held out for evaluation)")
-    held = torch.arange(data.num_sequences) % 10 == 9     # every tenth sequence, at least one
-    if not bool(held.any()):
-        held[-1] = True
+    held = held_out_mask(data.num_sequences)
     torch.manual_seed(recipe.seed)
     head = head_cls(config, embed)
     windows = SequenceWindows(data.subset(~held), recipe.window)

@@ -23,15 +23,13 @@ that both give the same logits for the same prefix.
 """
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Literal
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from vllm_treespec.drafters.heads.layers import DecoderLayer, RMSNorm
+from vllm_treespec.drafters.heads.shape import HeadShape
 from vllm_treespec.train.masks import block_positions, prefix_shared_mask
 
 __all__ = ["DartConfig", "DartHead", "DartCache", "eagle3_layers"]
@@ -48,20 +46,8 @@ def eagle3_layers(num_layers: int) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class DartConfig:
-    """Shape of a DART head and the target it belongs to (saved as the checkpoint's config.json)."""
-    hidden_size: int                 # = the target's hidden size (the embedding is shared)
-    vocab_size: int                  # = the target's vocabulary
-    target_num_layers: int
-    feature_layers: tuple[int, ...]  # target layers whose hidden states are concatenated
-    depth: int = 8                   # d: tokens predicted per forward (paper: 8)
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    head_dim: int = 32
-    intermediate_size: int = 256
-    rope_theta: float = 1e6
-    rms_norm_eps: float = 1e-6
-    within_block: Literal["causal", "bidirectional"] = "causal"
+class DartConfig(HeadShape):
+    """A DART head's config.json (shape and target: heads/shape.py)."""
     shifted: bool = True             # False: DART Table 3's unshifted ablation
     kind: str = field(default="dart")
 
@@ -72,19 +58,7 @@ class DartConfig:
     def __post_init__(self) -> None:
         if self.depth < 2:
             raise ValueError(f"DART depth must be >= 2 (one prefix row + d-1 mask rows), got {self.depth}")
-        bad = [l for l in self.feature_layers if not 0 <= l < self.target_num_layers]
-        if not self.feature_layers or bad:
-            raise ValueError(f"feature_layers {list(self.feature_layers)} must be non-empty target "
-                             f"layer ids in [0, {self.target_num_layers})")
-
-    def save(self, path: Path) -> None:
-        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
-
-    @classmethod
-    def load(cls, path: Path) -> "DartConfig":
-        raw = json.loads(path.read_text())
-        raw["feature_layers"] = tuple(raw["feature_layers"])
-        return cls(**raw)
+        super().__post_init__()
 
 
 @dataclass

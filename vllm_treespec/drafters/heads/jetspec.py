@@ -25,35 +25,21 @@ logits for the same prefix.
 """
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Literal
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from vllm_treespec.drafters.heads.layers import DecoderLayer, RMSNorm
+from vllm_treespec.drafters.heads.shape import HeadShape
 
 __all__ = ["JetSpecConfig", "JetSpecHead", "ContextCache"]
 
 
 @dataclass(frozen=True)
-class JetSpecConfig:
-    """Shape of a JetSpec (or diffusion-style) head and its target (the checkpoint's config.json)."""
-    hidden_size: int                 # = the target's hidden size (the embedding is shared)
-    vocab_size: int
-    target_num_layers: int
-    feature_layers: tuple[int, ...]
-    depth: int = 8                   # d: mask rows = tokens predicted per forward
+class JetSpecConfig(HeadShape):
+    """A JetSpec (or diffusion-style) head's config.json (shape and target: heads/shape.py)."""
     num_layers: int = 2              # draft decoder layers (JetSpec: 5 on a 36-layer target)
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    head_dim: int = 32
-    intermediate_size: int = 256
-    rope_theta: float = 1e6
-    rms_norm_eps: float = 1e-6
-    within_block: Literal["causal", "bidirectional"] = "causal"
     kind: str = field(default="jetspec")
 
     def __post_init__(self) -> None:
@@ -61,21 +47,7 @@ class JetSpecConfig:
             raise ValueError(f"JetSpec depth must be >= 1, got {self.depth}")
         if self.num_layers < 1:
             raise ValueError(f"JetSpec num_layers must be >= 1, got {self.num_layers}")
-        if self.within_block not in ("causal", "bidirectional"):
-            raise ValueError(f"within_block must be causal or bidirectional, got {self.within_block!r}")
-        bad = [l for l in self.feature_layers if not 0 <= l < self.target_num_layers]
-        if not self.feature_layers or bad:
-            raise ValueError(f"feature_layers {list(self.feature_layers)} must be non-empty target "
-                             f"layer ids in [0, {self.target_num_layers})")
-
-    def save(self, path: Path) -> None:
-        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
-
-    @classmethod
-    def load(cls, path: Path) -> "JetSpecConfig":
-        raw = json.loads(path.read_text())
-        raw["feature_layers"] = tuple(raw["feature_layers"])
-        return cls(**raw)
+        super().__post_init__()
 
 
 @dataclass
