@@ -294,16 +294,21 @@ def test_fixed_mode_is_todays_behaviour():
 
 def test_inline_table_and_cap():
     budget = {"mode": "table", "max_nodes": 16,
-              "table": [{"batch": [1, 2], "nodes": 32, "max_depth": 8, "tree": {"topk": 4}},
+              "table": [{"batch": [1, 2], "nodes": 32},
                         {"batch": [3, 8], "context": [0, 1023], "nodes": 8},
                         {"batch": [3, 8], "context": [1024, None], "nodes": 4},
                         {"batch": [9, None], "nodes": 0}]}
     cfg = load_config({"drafter": TRIE, "tree": {"builder": "best_first"}, "budget": budget}, 16)
     assert cfg.node_budget(16) == 16
     p = make_budget_policy(cfg.budget, 16)
-    assert p.choose(1) == BudgetChoice(16, 8, {"topk": 4})
+    assert p.choose(1) == BudgetChoice(16)
     assert [p.choose(4, c).nodes for c in (0, 1023, 1024)] == [8, 8, 4]
     assert p.choose(9).plain
+    # per-rule tree overrides are validated but not applied by the engine yet: refused, by key
+    for extra, key in (({"max_depth": 8}, "max_depth"), ({"tree": {"topk": 4}}, "tree.topk")):
+        rules = [{**budget["table"][0], **extra}, *budget["table"][1:]]
+        with pytest.raises(ConfigError, match=rf"budget.table\[0\].{key}: per-rule tree overrides are not applied"):
+            load_config({"drafter": TRIE, "tree": {"builder": "best_first"}, "budget": {**budget, "table": rules}}, 16)
 
 
 def test_auto_config_makes_auto_policy():

@@ -617,6 +617,13 @@ def _check_budget_tree(cfg: TreespecConfig) -> None:
                                   f"{', '.join(used)}); remove it or change tree.builder")
         if rule.max_depth is not None:
             overrides["max_depth"] = rule.max_depth
+        if overrides:
+            # drafters fix their builder parameters at startup (several in native code); per-step
+            # overrides are not applied yet, and a rule must not look applied when it is not
+            name = "max_depth" if rule.max_depth is not None else f"tree.{next(iter(rule.tree.builder_params()))}"
+            raise ConfigError(f"{key}[{i}].{name}: per-rule tree overrides are not applied by the engine "
+                              "yet (only the rule's node budget is); remove the key and set it in the tree "
+                              "section")
         frozen = tuple(sorted(overrides.items()))
         if overrides and frozen not in checked:
             checked.add(frozen)

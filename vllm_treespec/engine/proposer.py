@@ -22,9 +22,10 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import torch
 
+from vllm_treespec.budget import BudgetChoice, make_budget_policy
 from vllm_treespec.config import TreespecConfig, from_additional_config
 from vllm_treespec.drafters import DraftInputs, make_drafter
-from vllm_treespec.drafters.base import TargetStates
+from vllm_treespec.drafters.base import TargetStates, chain_trees
 from vllm_treespec.engine.eligibility import pending_min_tokens, static_blocker
 from vllm_treespec.engine.metrics import make_metrics
 from vllm_treespec.engine.tree_step import TreeStep, plan_tree_step
@@ -57,6 +58,12 @@ class TreeProposer:
         self.config: TreespecConfig = from_additional_config(
             vllm_config.additional_config, self.num_speculative_tokens)
         self.node_budget = self.config.node_budget(self.num_speculative_tokens)
+        # load-dependent budgets (budget.mode): chosen per step from the decoding batch size
+        self.budget_policy = make_budget_policy(self.config.budget, self.num_speculative_tokens)
+        self.budget_choice: BudgetChoice | None = None
+        self._budget_given: dict[str, int] = {}      # req id -> node budget of its current drafts
+        self._verified: tuple[int, list[int], list[int], list[int]] | None = None  # for observe
+        self._draft_seconds = 0.0
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         tokenizer = vllm_config.model_config.tokenizer
         if self.config.drafter.type == "draft_model" and vllm_config.model_config.skip_tokenizer_init:
@@ -98,6 +105,7 @@ class TreeProposer:
         req_ids = list(req_ids)
         for req_id in req_ids:
             self.requests.pop(req_id, None)
+            self._budget_given.pop(req_id, None)
             self.trees.pop(req_id, None)
             self.draft_probs.pop(req_id, None)
         observe = getattr(self.drafter, "observe_output", None)
@@ -139,6 +147,7 @@ class TreeProposer:
     def propose_step(self, runner: Any, scheduler_output: Any, sampled_token_ids: list[list[int]],
                      hidden_states: Any = None, aux_hidden_states: Any = None) -> list[list[int]]:
         """Drafts for every request in the runner's batch (the patched runner calls this)."""
+        self._observe_budget(scheduler_output)
         batch = runner.input_batch
         req_ids = list(batch.req_ids)
         scheduled = int(scheduler_output.num_spec_tokens_to_schedule) or self.num_speculative_tokens
@@ -153,6 +162,22 @@ class TreeProposer:
             self.stats.observe_step(time.perf_counter() - self.step_started_at)
             self.step_started_at = None
         return drafts
+
+    def _observe_budget(self, scheduler_output: Any) -> None:
+        """Tell the budget policy what the step that just ran cost and how much it accepted:
+        target seconds from `_prepare_inputs` to here (forward + verification), the previous
+        drafting time, and per verified tree its budget, accepted and drafted nodes."""
+        if self.step_started_at is None:
+            self._verified = None
+            return
+        seconds = time.perf_counter() - self.step_started_at
+        query = int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0)
+        _, budgets, accepted, drafted = self._verified or (0, [], [], [])
+        self._verified = None
+        if query > 0:
+            self.budget_policy.observe(query_tokens=query, step_seconds=seconds, budgets=budgets,
+                                       accepted=accepted, drafted=drafted,
+                                       drafter_seconds=self._draft_seconds)
 
     def _committed_rows(self, num_reqs: int) -> list[np.ndarray]:
         """Flat step rows of each request's committed tokens (see drafters.base.TargetStates)."""
@@ -180,6 +205,10 @@ class TreeProposer:
         n = len(req_ids)
         num_tokens = np.asarray(num_tokens_no_spec[:n], dtype=np.int64)
         decoding = np.fromiter((len(s) > 0 for s in sampled_token_ids[:n]), dtype=bool, count=n)
+        active = np.nonzero(decoding)[0]
+        choice = self.budget_choice = self.budget_policy.choose(
+            int(active.size), int(num_tokens[active].mean()) if active.size else 0)
+        budget = min(budget, choice.nodes)
         room = np.maximum(self.max_model_len - num_tokens, 0)
         budgets = np.where(decoding, np.minimum(budget, room), 0).astype(np.int64)
         for i in np.nonzero(budgets)[0].tolist():
@@ -195,7 +224,10 @@ class TreeProposer:
             sampling = [c.sampling_params if c is not None else None for c in cached]
         inputs = DraftInputs(req_ids=req_ids, token_ids=token_ids_cpu, rows=np.arange(n, dtype=np.int64),
                              num_tokens=num_tokens, budgets=budgets, target=target, sampling=sampling)
-        trees = self.drafter.propose(inputs)
+        if budgets.any() or getattr(self.drafter, "uses_target_states", False):
+            trees = self.drafter.propose(inputs)     # head caches take every step's committed rows
+        else:                                         # budget 0 (plain decoding): no drafter call
+            trees = chain_trees(inputs, [()] * n)
         probs = getattr(self.drafter, "last_draft_probs", None) or {}
         drafts: list[list[int]] = []
         for i, (req_id, tree) in enumerate(zip(req_ids, trees)):
@@ -212,7 +244,9 @@ class TreeProposer:
                 st = self._state(req_id, runner)
                 st.steps += 1
                 st.drafted += tree.num_draft
-        self.stats.observe_draft(time.perf_counter() - start, budgets[decoding], trees)
+                self._budget_given[req_id] = int(budgets[i])
+        self._draft_seconds = time.perf_counter() - start
+        self.stats.observe_draft(self._draft_seconds, budgets[decoding], trees)
         return drafts
 
     # -- verification ------------------------------------------------------------------------
@@ -274,6 +308,8 @@ class TreeProposer:
             st = self.requests.get(req_id)
             if st is not None:
                 st.accepted += a
+        self._verified = (step.num_scheduled_tokens, [self._budget_given.get(r, 0) for r in step.req_ids],
+                          accepted_len.tolist(), sizes.tolist())
         if step.num_trees:
             parts = (accepted_at - start, compacted, step.attn.seconds if step.attn is not None else 0.0)
             self.stats.observe_verify(time.perf_counter() - start, sizes, accepted_len, moved, own, parts)

@@ -1,0 +1,50 @@
+"""Load-dependent budgets end to end (budget.mode table and auto): greedy outputs equal
+speculation off; a table giving one request 6 nodes and two or more requests 0 drafts at
+concurrency 1 and decodes plainly (no tree verified, no drafter call) when 8 requests decode
+together; auto mode learns from served steps and stays lossless."""
+from __future__ import annotations
+
+import pytest
+
+from e2e import assert_same_outputs, greedy, run_engine, spec_config
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+ENGINE = dict(dtype="float32", enforce_eager=True, max_model_len=512, max_num_seqs=8, seed=0)
+PROMPT = "for i in range(10):\n    print(i)\n" * 3
+DRAFTER = {"type": "prompt_lookup", "max_matches": 8}
+TREE = {"builder": "best_first"}
+TABLE = {"mode": "table", "table": [{"batch": [1, 1], "nodes": 6}, {"batch": [2, None], "nodes": 0}]}
+
+
+def _phase(concurrency: int) -> list[dict]:
+    # 8 copies of one prompt with one max_tokens: all decode together and finish in the same step
+    return [{"name": f"c{concurrency}", "concurrency": concurrency, "prompts": [PROMPT] * 8,
+             "sampling": [greedy(32)] * 8}]
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model):
+    out = {}
+    for c in (1, 8):
+        out["off", c] = run_engine(tiny_model, ENGINE, _phase(c))
+        for mode, budget in (("table", TABLE), ("auto", {"mode": "auto", "auto": {"explore_every": 4}})):
+            spec = dict(speculative_config=spec_config(6), additional_config={"treespec": {
+                "drafter": DRAFTER, "tree": TREE, "budget": budget}})
+            out[mode, c] = run_engine(tiny_model, {**ENGINE, **spec}, _phase(c), inspect_proposer=True)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["table", "auto"])
+@pytest.mark.parametrize("concurrency", [1, 8])
+def test_budget_modes_are_lossless(runs, mode, concurrency):
+    assert_same_outputs(runs["off", concurrency], runs[mode, concurrency])
+    assert runs[mode, concurrency]["proposer"][0]["budget"]["mode"] == mode
+
+
+def test_table_drafts_alone_and_decodes_plainly_under_load(runs):
+    alone = runs["table", 1]["proposer"][0]["stats"]
+    loaded = runs["table", 8]["proposer"][0]["stats"]
+    assert alone["verified_trees"] > 0 and alone["mean_budget"] == 6
+    # the first decode step can see a single request before the others join the batch
+    assert loaded["verified_trees"] <= 1 and loaded["mean_budget"] < 0.5
