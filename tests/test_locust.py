@@ -1,0 +1,39 @@
+"""A short headless locust run (benchmarks/locustfile.py through benchmarks/load_sweep.py's
+runner) against a code-LM fixture server with treespec on, its auto budget and a chat template:
+completions and chat completions, streaming and not, all succeed; TTFT/TPOT are recorded; the
+server's spec-decode and treespec series are scraped and show trees verified."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load_sweep():
+    spec = importlib.util.spec_from_file_location("load_sweep", BENCH / "load_sweep.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_headless_locust_run_has_no_failures(code_lm_model, tmp_path):
+    from vllm_treespec.serving import scrape_spec_metrics, serve
+
+    sweep = _load_sweep()
+    flags = sweep.configs(8)["auto"]
+    with serve(code_lm_model, ("--max-num-seqs", "8", "--chat-template", str(sweep.CHAT_TEMPLATE), *flags)) as server:
+        before = scrape_spec_metrics(server, settle_s=0)
+        row = sweep.run_locust(server.base_url, 4, 25, tmp_path,
+                               env={"TREESPEC_LOCUST_MAX_TOKENS": "8-32", "TREESPEC_LOCUST_SEED": "3"})
+        spec = scrape_spec_metrics(server) - before
+    assert row["requests"] >= 8 and row["failed"] == 0 and row["locust_failures"] == 0
+    assert row["tokens_per_s"] > 0 and row["ttft_p50_ms"] is not None and row["tpot_p50_ms"] is not None
+    names = {json.loads(line)["name"] for line in (tmp_path / "requests-u4.jsonl").read_text().splitlines()}
+    assert names == {"completion", "completion stream", "chat", "chat stream"}
+    assert spec.present and spec.drafts > 0 and spec.tree.get("treespec_budget_nodes_count", 0) > 0
