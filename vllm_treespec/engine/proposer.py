@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import torch
 
-from vllm_treespec.budget import BudgetChoice, make_budget_policy
+from vllm_treespec.budget import make_budget_policy
 from vllm_treespec.config import TreespecConfig, from_additional_config
 from vllm_treespec.drafters import DraftInputs, make_drafter
 from vllm_treespec.drafters.base import TargetStates, chain_trees
@@ -60,9 +60,9 @@ class TreeProposer:
         self.node_budget = self.config.node_budget(self.num_speculative_tokens)
         # load-dependent budgets (budget.mode): chosen per step from the decoding batch size
         self.budget_policy = make_budget_policy(self.config.budget, self.num_speculative_tokens)
-        self.budget_choice: BudgetChoice | None = None
         self._budget_given: dict[str, int] = {}      # req id -> node budget of its current drafts
-        self._verified: tuple[int, list[int], list[int], list[int]] | None = None  # for observe
+        # the last verified step's (budgets, accepted, drafted) per tree, for the policy's observe
+        self._verified: tuple[list[int], list[int], list[int]] | None = None
         self._draft_seconds = 0.0
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         tokenizer = vllm_config.model_config.tokenizer
@@ -172,7 +172,7 @@ class TreeProposer:
             return
         seconds = time.perf_counter() - self.step_started_at
         query = int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0)
-        _, budgets, accepted, drafted = self._verified or (0, [], [], [])
+        budgets, accepted, drafted = self._verified or ([], [], [])
         self._verified = None
         if query > 0:
             self.budget_policy.observe(query_tokens=query, step_seconds=seconds, budgets=budgets,
@@ -206,8 +206,7 @@ class TreeProposer:
         num_tokens = np.asarray(num_tokens_no_spec[:n], dtype=np.int64)
         decoding = np.fromiter((len(s) > 0 for s in sampled_token_ids[:n]), dtype=bool, count=n)
         active = np.nonzero(decoding)[0]
-        choice = self.budget_choice = self.budget_policy.choose(
-            int(active.size), int(num_tokens[active].mean()) if active.size else 0)
+        choice = self.budget_policy.choose(int(active.size), int(num_tokens[active].mean()) if active.size else 0)
         budget = min(budget, choice.nodes)
         room = np.maximum(self.max_model_len - num_tokens, 0)
         budgets = np.where(decoding, np.minimum(budget, room), 0).astype(np.int64)
@@ -308,8 +307,8 @@ class TreeProposer:
             st = self.requests.get(req_id)
             if st is not None:
                 st.accepted += a
-        self._verified = (step.num_scheduled_tokens, [self._budget_given.get(r, 0) for r in step.req_ids],
-                          accepted_len.tolist(), sizes.tolist())
+        self._verified = ([self._budget_given.get(r, 0) for r in step.req_ids], accepted_len.tolist(),
+                          sizes.tolist())
         if step.num_trees:
             parts = (accepted_at - start, compacted, step.attn.seconds if step.attn is not None else 0.0)
             self.stats.observe_verify(time.perf_counter() - start, sizes, accepted_len, moved, own, parts)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from vllm_treespec.drafters.heads.layers import DecoderLayer, RMSNorm
+from vllm_treespec.drafters.heads.layers import DecoderLayer, RMSNorm, SharedEmbeddingHead
 from vllm_treespec.drafters.heads.shape import HeadShape
 from vllm_treespec.train.masks import block_positions, prefix_shared_mask
 
@@ -75,14 +75,10 @@ class DartCache:
         return self.length == 0
 
 
-class DartHead(nn.Module):
+class DartHead(SharedEmbeddingHead):
     def __init__(self, config: DartConfig, embed: nn.Embedding) -> None:
-        super().__init__()
-        c = self.config = config
-        if embed.weight.shape != (c.vocab_size, c.hidden_size):
-            raise ValueError(f"the target embedding is {tuple(embed.weight.shape)}, the head expects "
-                             f"({c.vocab_size}, {c.hidden_size})")
-        self.embed = embed.requires_grad_(False)                # shared with the frozen target
+        super().__init__(config, embed)            # the frozen target embedding, checked
+        c = config
         h = c.hidden_size
         self.fc = nn.Linear(len(c.feature_layers) * h, h, bias=False)
         self.in_proj = nn.Linear(2 * h, h, bias=False)
@@ -91,10 +87,6 @@ class DartHead(nn.Module):
                                   c.rope_theta, c.rms_norm_eps)
         self.norm = RMSNorm(h, c.rms_norm_eps)
         self.lm_head = nn.Linear(h, c.vocab_size, bias=False)
-
-    def trainable_state(self) -> dict[str, torch.Tensor]:
-        """The checkpoint: every parameter except the shared target embedding."""
-        return {k: v for k, v in self.state_dict().items() if not k.startswith("embed.")}
 
     # -- shared pieces ------------------------------------------------------------------------
     def inputs(self, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:

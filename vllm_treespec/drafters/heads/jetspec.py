@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from vllm_treespec.drafters.heads.layers import DecoderLayer, RMSNorm
+from vllm_treespec.drafters.heads.layers import DecoderLayer, RMSNorm, SharedEmbeddingHead
 from vllm_treespec.drafters.heads.shape import HeadShape
 
 __all__ = ["JetSpecConfig", "JetSpecHead", "ContextCache"]
@@ -64,14 +64,10 @@ class ContextCache:
         return self.length == 0
 
 
-class JetSpecHead(nn.Module):
+class JetSpecHead(SharedEmbeddingHead):
     def __init__(self, config: JetSpecConfig, embed: nn.Embedding) -> None:
-        super().__init__()
-        c = self.config = config
-        if embed.weight.shape != (c.vocab_size, c.hidden_size):
-            raise ValueError(f"the target embedding is {tuple(embed.weight.shape)}, the head expects "
-                             f"({c.vocab_size}, {c.hidden_size})")
-        self.embed = embed.requires_grad_(False)
+        super().__init__(config, embed)            # the frozen target embedding, checked
+        c = config
         h = c.hidden_size
         self.fc = nn.Linear(len(c.feature_layers) * h, h, bias=False)
         self.context_norm = RMSNorm(h, c.rms_norm_eps)
@@ -81,9 +77,6 @@ class JetSpecHead(nn.Module):
                          c.rms_norm_eps) for _ in range(c.num_layers))
         self.norm = RMSNorm(h, c.rms_norm_eps)
         self.lm_head = nn.Linear(h, c.vocab_size, bias=False)
-
-    def trainable_state(self) -> dict[str, torch.Tensor]:
-        return {k: v for k, v in self.state_dict().items() if not k.startswith("embed.")}
 
     # -- shared pieces ------------------------------------------------------------------------
     def _context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:

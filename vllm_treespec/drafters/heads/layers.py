@@ -1,4 +1,4 @@
-"""The transformer pieces the heads share: RMSNorm, rotary embeddings, a masked grouped-query
+"""The transformer pieces the heads share: the frozen shared-embedding base, RMSNorm, rotary embeddings, a masked grouped-query
 attention over an explicit boolean mask, a SwiGLU MLP and a pre-norm decoder layer (Qwen3-style:
 q/k RMSNorm per head). An explicit [Q, K] mask lets one layer serve the training layout
 (prefix-shared blocks, train/masks.py) and the serving layout (prefix + one block) unchanged,
@@ -101,3 +101,20 @@ class DecoderLayer(nn.Module):
                 past: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), positions, mask, past)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class SharedEmbeddingHead(nn.Module):
+    """Base of every draft head: it embeds tokens with the frozen target's own embedding (checked
+    against the head's config), which is therefore not part of the head's checkpoint."""
+
+    def __init__(self, config, embed: nn.Embedding) -> None:
+        super().__init__()
+        self.config = config
+        if embed.weight.shape != (config.vocab_size, config.hidden_size):
+            raise ValueError(f"the target embedding is {tuple(embed.weight.shape)}, the head expects "
+                             f"({config.vocab_size}, {config.hidden_size})")
+        self.embed = embed.requires_grad_(False)
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """The checkpoint: every parameter except the shared target embedding."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("embed.")}
