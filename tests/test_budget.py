@@ -115,6 +115,28 @@ def test_cost_model_refines_online_per_bucket():
     assert ss == sorted(ss)
 
 
+def test_cost_model_seed_replaces_profile_points_but_not_observed_buckets():
+    m = CostModel(ema=0.5)
+    for _ in range(5):
+        m.observe(70, 0.016)
+    assert not m.ready                                     # one known query count
+    m.seed([(1, 0.010), (64, 0.012), (256, 0.020)])        # e.g. the engine's startup profile
+    assert m.points()[0] == [1.0, 70.0, 256.0]             # the served bucket still wins over 64
+    assert m(1) == pytest.approx(0.010)
+    with pytest.raises(ValueError, match="query_tokens >= 1"):
+        m.seed([(0, 0.01)])
+
+
+def test_startup_profile_sizes_reach_the_largest_verify_step():
+    from vllm_treespec.engine.verify_profile import profile_sizes
+
+    assert profile_sizes(56) == [1, 2, 4, 8, 16, 32, 56]
+    assert profile_sizes(64) == [1, 2, 4, 8, 16, 32, 64]
+    assert profile_sizes(1) == [1]
+    with pytest.raises(ValueError):
+        profile_sizes(0)
+
+
 # -- auto ----------------------------------------------------------------------------------
 def flat(q: float) -> float:   # memory-bound: extra query tokens nearly free
     return 0.010 + 1e-6 * q

@@ -1,7 +1,7 @@
 """Load-dependent budgets end to end (budget.mode table and auto): greedy outputs equal
 speculation off; a table giving one request 6 nodes and two or more requests 0 drafts at
 concurrency 1 and decodes plainly (no tree verified, no drafter call) when 8 requests decode
-together; auto mode learns from served steps and stays lossless."""
+together; auto mode profiles the verify cost at startup, learns from served steps and stays lossless."""
 from __future__ import annotations
 
 import pytest
@@ -48,3 +48,13 @@ def test_table_drafts_alone_and_decodes_plainly_under_load(runs):
     assert alone["verified_trees"] > 0 and alone["mean_budget"] == 6
     # the first decode step can see a single request before the others join the batch
     assert loaded["verified_trees"] <= 1 and loaded["mean_budget"] < 0.5
+
+
+@pytest.mark.parametrize("concurrency", [1, 8])
+def test_auto_profiles_verify_cost_at_startup(runs, concurrency):
+    state = runs["auto", concurrency]["proposer"][0]
+    # max_num_seqs 8 x (1 + 6 nodes) = 56 query tokens at most
+    assert [q for q, _ in state["budget"]["profile"]] == [1, 2, 4, 8, 16, 32, 56]
+    assert all(s > 0 for _, s in state["budget"]["profile"])
+    choices = state["stats"]["budget_choices"]
+    assert sum(choices.values()) > 0 and {int(b) for b in choices} <= {0, 1, 2, 4, 6}   # JSON keys

@@ -159,9 +159,14 @@ def tp_runs(tiny_model):
     code-LM has one, which TP=2 cannot split)."""
     engine = {**ENGINE, "tensor_parallel_size": 2}
     phases = [{"name": "tp-c8", "concurrency": 8, "prompts": PROMPTS[:16], "sampling": [greedy(48)] * 16}]
+    # auto budgets: each rank times its own steps; rank 0's choice must rule every rank
+    auto = _spec("lookup-16")
+    auto["additional_config"] = {"treespec": {**auto["additional_config"]["treespec"], "budget": {
+        "mode": "auto", "auto": {"margin": 0.0, "patience": 1, "explore_every": 2}}}}
     return {"off": run_engine(tiny_model, engine, phases, env=TP_ENV),
             "on": run_engine(tiny_model, {**engine, **_spec("lookup-16")}, phases,
-                             inspect_proposer=True, env=TP_ENV)}
+                             inspect_proposer=True, env=TP_ENV),
+            "auto": run_engine(tiny_model, {**engine, **auto}, phases, inspect_proposer=True, env=TP_ENV)}
 
 
 def test_greedy_equal_with_trees_under_tensor_parallelism(tp_runs):
@@ -172,3 +177,12 @@ def test_greedy_equal_with_trees_under_tensor_parallelism(tp_runs):
     assert ranks[0]["stats"]["depth_hist"] == ranks[1]["stats"]["depth_hist"]
     assert ranks[0]["stats"]["kv_moves"] == ranks[1]["stats"]["kv_moves"]
     assert_same_outputs(tp_runs["off"], tp_runs["on"])
+
+
+def test_auto_budget_choices_agree_across_ranks(tp_runs):
+    ranks = tp_runs["auto"]["proposer"]
+    assert len(ranks) == 2
+    assert ranks[0]["stats"]["budget_choices"] == ranks[1]["stats"]["budget_choices"]
+    assert sum(ranks[0]["stats"]["budget_choices"].values()) > 0
+    assert ranks[0]["stats"]["verified_nodes"] == ranks[1]["stats"]["verified_nodes"]
+    assert_same_outputs(tp_runs["off"], tp_runs["auto"])

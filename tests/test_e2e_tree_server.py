@@ -84,7 +84,8 @@ def test_aborted_streams_leave_server_healthy_and_outputs_unchanged(served):
 def test_tree_series_on_metrics_agree_with_vllm_counters(served):
     m = served["tree"]["metrics"]
     for name in ("treespec_tree_nodes_count", "treespec_accepted_depth_sum", "treespec_draft_seconds_count",
-                 "treespec_verify_seconds_count", "treespec_budget_nodes_count"):
+                 "treespec_verify_seconds_count", "treespec_budget_nodes_count",
+                 "treespec_budget_chosen_nodes"):
         assert m.get(name, 0) > 0, f"{name} missing from /metrics"
     # accepted = path lengths on both sides; vLLM's drafted also counts its own -1 padding drafts
     assert m["treespec_accepted_depth_sum"] == m["vllm:spec_decode_num_accepted_tokens_total"]

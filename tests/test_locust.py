@@ -31,9 +31,11 @@ def test_headless_locust_run_has_no_failures(code_lm_model, tmp_path):
         before = scrape_spec_metrics(server, settle_s=0)
         row = sweep.run_locust(server.base_url, 4, 25, tmp_path,
                                env={"TREESPEC_LOCUST_MAX_TOKENS": "8-32", "TREESPEC_LOCUST_SEED": "3"})
-        spec = scrape_spec_metrics(server) - before
+        after = scrape_spec_metrics(server)
+        spec = after - before
     assert row["requests"] >= 8 and row["failed"] == 0 and row["locust_failures"] == 0
     assert row["tokens_per_s"] > 0 and row["ttft_p50_ms"] is not None and row["tpot_p50_ms"] is not None
     names = {json.loads(line)["name"] for line in (tmp_path / "requests-u4.jsonl").read_text().splitlines()}
     assert names == {"completion", "completion stream", "chat", "chat stream"}
     assert spec.present and spec.drafts > 0 and spec.tree.get("treespec_budget_nodes_count", 0) > 0
+    assert "treespec_budget_chosen_nodes" in after.tree     # the auto policy's latest choice

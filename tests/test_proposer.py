@@ -16,6 +16,8 @@ def _vllm_config(k=4, treespec=None, max_model_len=64):
         additional_config={} if treespec is None else {"treespec": treespec},
         model_config=SimpleNamespace(max_model_len=max_model_len, tokenizer=None,
                                      get_vocab_size=lambda: 4096),   # as vLLM's ModelConfig
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=2048, max_num_seqs=8),
+        parallel_config=SimpleNamespace(tensor_parallel_size=1),
     )
 
 

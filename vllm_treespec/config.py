@@ -351,8 +351,12 @@ class AutoBudgetConfig:
         "budget b ..."))
     prior_weight: float = spec(8.0, ge=0.0, le=1000000.0, doc="... worth this many request-steps.")
     profile: tuple[tuple[float, ...], ...] | None = spec(None, doc=(
-        "Verify cost points [[query_tokens, seconds], ...] seeding the cost model (a profile the "
-        "engine measures at startup takes precedence); null = learn from served steps only."))
+        "Verify cost points [[query_tokens, seconds], ...] seeding the cost model; null = measure "
+        "them at startup (startup_profile) or learn from served steps only."))
+    startup_profile: bool = spec(True, doc=(
+        "With profile null: time the target's forward at 1, 2, 4, ... query tokens (up to "
+        "max_num_seqs x (1 + largest budget), capped by max_num_batched_tokens) after vLLM's "
+        "warm-up, before serving; false = learn the cost from served steps only."))
 
     def validate(self, prefix: str) -> None:
         if self.candidates is not None:

@@ -72,12 +72,18 @@ class CostModel:
     """
 
     def __init__(self, profile: Iterable[Sequence[float]] = (), ema: float = 0.1) -> None:
-        self.profile = sorted((float(q), float(s)) for q, s in profile)
-        for q, s in self.profile:
-            if q < 1 or s <= 0 or not math.isfinite(s):
-                raise ValueError(f"profile point ({q}, {s}): need query_tokens >= 1 and seconds > 0")
         self.ema = ema
         self.buckets: dict[int, tuple[Average, Average]] = {}
+        self.seed(profile)
+
+    def seed(self, profile: Iterable[Sequence[float]]) -> None:
+        """Replace the profile points (e.g. with the engine's startup measurement); observed
+        steps keep precedence within their buckets."""
+        points = sorted((float(q), float(s)) for q, s in profile)
+        for q, s in points:
+            if q < 1 or s <= 0 or not math.isfinite(s):
+                raise ValueError(f"profile point ({q}, {s}): need query_tokens >= 1 and seconds > 0")
+        self.profile = points
         self._curve: tuple[list[float], list[float]] | None = None
 
     @staticmethod
@@ -280,4 +286,5 @@ class AutoBudget(BudgetPolicy):
                 "current": {f"batch {1 << (k - 1)}-{(1 << k) - 1}": st.current
                             for k, st in sorted(self.buckets.items())},
                 "estimates": self.estimates(),
+                "profile": [list(p) for p in self.cost.profile],
                 "cost_points": [list(p) for p in zip(*self.cost.points())]}

@@ -29,7 +29,7 @@ class TreeMetrics:
     """The treespec_* series (created once per worker process)."""
 
     def __init__(self) -> None:
-        from prometheus_client import Counter, Histogram
+        from prometheus_client import Counter, Gauge, Histogram
 
         self.nodes = Histogram("treespec_tree_nodes", "Draft nodes verified per tree (after scheduler cuts).",
                                buckets=_COUNT_BUCKETS)
@@ -37,6 +37,9 @@ class TreeMetrics:
                                buckets=_COUNT_BUCKETS)
         self.budget = Histogram("treespec_budget_nodes", "Node budget chosen per decoding request and step.",
                                 buckets=_COUNT_BUCKETS)
+        self.budget_chosen = Gauge("treespec_budget_chosen_nodes", "The budget policy's latest choice "
+                                   "(node budget per request; 0 = plain decoding) for the step's load.",
+                                   multiprocess_mode="mostrecent")
         self.draft_seconds = Histogram("treespec_draft_seconds", "Drafter + tree builder time per step.",
                                        buckets=_SECONDS_BUCKETS)
         self.verify_seconds = Histogram("treespec_verify_seconds",
@@ -61,6 +64,9 @@ class TreeMetrics:
         self.draft_seconds.observe(seconds)
         for b in budgets.tolist():
             self.budget.observe(b)
+
+    def observe_budget_choice(self, nodes: int) -> None:
+        self.budget_chosen.set(nodes)
 
     def observe_verify(self, seconds: float, nodes: Sequence[int], accepted: Sequence[int], moves: int,
                        parts: tuple[float, float, float]) -> None:

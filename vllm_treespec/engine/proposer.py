@@ -64,6 +64,13 @@ class TreeProposer:
         # the last verified step's (budgets, accepted, drafted) per tree, for the policy's observe
         self._verified: tuple[list[int], list[int], list[int]] | None = None
         self._draft_seconds = 0.0
+        # auto budgets depend on each rank's own timings: rank 0's choice is broadcast every step
+        # so all tensor-parallel ranks draft the same trees
+        self._sync_budget = (self.config.budget.mode == "auto"
+                             and int(vllm_config.parallel_config.tensor_parallel_size) > 1)
+        sched = vllm_config.scheduler_config
+        self._max_verify_tokens = min(int(sched.max_num_batched_tokens),
+                                      int(sched.max_num_seqs) * (1 + self.node_budget))
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         tokenizer = vllm_config.model_config.tokenizer
         if self.config.drafter.type == "draft_model" and vllm_config.model_config.skip_tokenizer_init:
@@ -95,6 +102,21 @@ class TreeProposer:
 
             check_tree_attention(target_model)
         self.drafter.load(target_model)
+
+    def profile_verify_cost(self, runner: Any) -> None:
+        """budget.mode auto without budget.auto.profile (and startup_profile on): time the target's
+        forward at 1, 2, 4, ... query tokens (engine/verify_profile.py) and seed the policy's cost
+        model. Called by the worker patch after vLLM's warm-up, before serving."""
+        auto = self.config.budget.auto
+        if self.config.budget.mode != "auto" or auto.profile is not None or not auto.startup_profile:
+            return
+        from vllm_treespec.engine.verify_profile import measure_step_seconds, profile_sizes
+
+        start = time.perf_counter()
+        points = measure_step_seconds(runner, profile_sizes(self._max_verify_tokens))
+        self.budget_policy.cost.seed(points)
+        logger.info("TreeProposer: verify cost profiled in %.1f s (query tokens -> ms): %s",
+                    time.perf_counter() - start, ", ".join(f"{q}: {s * 1e3:.2f}" for q, s in points))
 
     def on_requests_finished(self, req_ids: Iterable[str], runner: Any = None) -> None:
         """Free state of finished/aborted requests; drafters that learn online see their outputs.
@@ -207,7 +229,10 @@ class TreeProposer:
         decoding = np.fromiter((len(s) > 0 for s in sampled_token_ids[:n]), dtype=bool, count=n)
         active = np.nonzero(decoding)[0]
         choice = self.budget_policy.choose(int(active.size), int(num_tokens[active].mean()) if active.size else 0)
-        budget = min(budget, choice.nodes)
+        chosen = _broadcast_from_first_rank(choice.nodes) if self._sync_budget else choice.nodes
+        if active.size:
+            self.stats.observe_budget_choice(chosen)
+        budget = min(budget, chosen)
         room = np.maximum(self.max_model_len - num_tokens, 0)
         budgets = np.where(decoding, np.minimum(budget, room), 0).astype(np.int64)
         for i in np.nonzero(budgets)[0].tolist():
@@ -313,3 +338,16 @@ class TreeProposer:
             parts = (accepted_at - start, compacted, step.attn.seconds if step.attn is not None else 0.0)
             self.stats.observe_verify(time.perf_counter() - start, sizes, accepted_len, moved, own, parts)
         return SamplerOutput(sampled_token_ids=tokens, logprobs_tensors=logprobs)
+
+
+def _broadcast_from_first_rank(value: int) -> int:
+    """`value` of tensor-parallel rank 0, on every rank (a one-integer broadcast on the CPU group)."""
+    import torch.distributed as dist
+    from vllm.distributed.parallel_state import get_tp_group
+
+    group = get_tp_group()
+    if group.world_size == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.broadcast(t, src=group.ranks[0], group=group.cpu_group)
+    return int(t.item())

@@ -1,4 +1,5 @@
-"""Patches on vLLM 0.32.0's V1 model runner (CPUModelRunner inherits them from GPUModelRunner).
+"""Patches on vLLM 0.32.0's V1 model runner (CPUModelRunner inherits them from GPUModelRunner)
+and workers.
 
 Why each exists:
 - `propose_draft_token_ids`: vLLM's `custom_class` call passes neither request ids nor the
@@ -10,6 +11,9 @@ Why each exists:
   publish the step's tree plan for the attention backend (engine/tree_step.py).
 - `_sample`: tree acceptance and KV compaction instead of the linear rejection sampler
   (engine/tree_verifier.py); the plan is withdrawn afterwards.
+- `compile_or_warm_up_model` (CPU worker and CUDA worker; the CPU one overrides the CUDA one):
+  after vLLM's warm-up, the auto budget policy's startup profile of step time versus query
+  tokens (engine/verify_profile.py).
 All fall through to vLLM's code unchanged when the runner's drafter is not a TreeProposer.
 """
 from __future__ import annotations
@@ -118,6 +122,17 @@ def _wrap_sample(original: Callable[..., Any]) -> Callable[..., Any]:
     return _sample
 
 
+def _wrap_warm_up(original: Callable[..., Any]) -> Callable[..., Any]:
+    def compile_or_warm_up_model(self):
+        out = original(self)
+        proposer = _tree_proposer(self.model_runner)
+        if proposer is not None:
+            proposer.profile_verify_cost(self.model_runner)
+        return out
+
+    return compile_or_warm_up_model
+
+
 REGISTRY.register(Patch(
     target=f"{RUNNER}.propose_draft_token_ids",
     expected_signature=(
@@ -159,3 +174,10 @@ REGISTRY.register(Patch(
     make=_wrap_sample,
     why="tree acceptance and KV compaction instead of the linear rejection sampler",
 ))
+for _worker in ("vllm.v1.worker.cpu_worker:CPUWorker", "vllm.v1.worker.gpu_worker:Worker"):
+    REGISTRY.register(Patch(
+        target=f"{_worker}.compile_or_warm_up_model",
+        expected_signature="(self) -> vllm.v1.worker.worker_base.CompilationTimes",
+        make=_wrap_warm_up,
+        why="budget.mode auto: profile the target's step time per query tokens before serving",
+    ))

@@ -37,6 +37,7 @@ class TreeStats:
     accepted: int = 0
     kv_moves: int = 0
     own_steps: int = 0
+    budget_choices: dict[int, int] = field(default_factory=dict)   # policy choice -> steps
     metrics: Any = None          # TreeMetrics, or None when this worker exports nothing
     nodes_hist: np.ndarray = field(init=False)
     depth_hist: np.ndarray = field(init=False)
@@ -82,6 +83,12 @@ class TreeStats:
         self.steps += 1
         self.step_seconds += seconds
 
+    def observe_budget_choice(self, nodes: int) -> None:
+        """The budget policy's choice for a drafting step (before per-request caps)."""
+        if self.metrics is not None:
+            self.metrics.observe_budget_choice(nodes)
+        self.budget_choices[nodes] = self.budget_choices.get(nodes, 0) + 1
+
     def observe_fallback(self, reason: str) -> None:
         if self.metrics is not None:
             self.metrics.observe_fallback(reason)
@@ -100,4 +107,5 @@ class TreeStats:
             "accepted": self.accepted, "kv_moves": self.kv_moves, "own_steps": self.own_steps,
             "mean_accepted": self.accepted / max(self.verified_trees, 1),
             "nodes_hist": self.nodes_hist.tolist(), "depth_hist": self.depth_hist.tolist(),
+            "budget_choices": dict(sorted(self.budget_choices.items())),
         }
