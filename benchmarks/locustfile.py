@@ -55,11 +55,17 @@ def _max_tokens_sampler(spec: str, rng: random.Random):
     """A callable giving each request's max_tokens: "a,b,c" picks one, "lo-hi" is uniform."""
     spec = spec.strip()
     if "-" in spec and "," not in spec:
-        lo, hi = (int(x) for x in spec.split("-", 1))
+        try:
+            lo, hi = (int(x) for x in spec.split("-", 1))
+        except ValueError:
+            lo, hi = 0, -1
         if not 1 <= lo <= hi:
             raise ValueError(f"TREESPEC_LOCUST_MAX_TOKENS={spec!r}: need 1 <= lo <= hi, e.g. 16-128")
         return lambda: rng.randint(lo, hi)
-    choices = [int(x) for x in spec.split(",") if x.strip()]
+    try:
+        choices = [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        choices = []
     if not choices or min(choices) < 1:
         raise ValueError(f"TREESPEC_LOCUST_MAX_TOKENS={spec!r}: give positive integers, e.g. 32,64,128")
     return lambda: rng.choice(choices)
@@ -140,8 +146,11 @@ class OpenAIUser(HttpUser):
         tokens = 0
         with self.client.post(path, json=body, stream=stream, name=name, catch_response=True) as r:
             if r.status_code != 200:
-                r.failure(f"HTTP {r.status_code}: {r.text[:300]}")
-                LOG.write({"name": name, "ok": False, "status": r.status_code, "start": start})
+                # status 0: no response at all; requests' exception says why (refused, reset, ...)
+                error = repr(getattr(r, "error", None)) if r.status_code == 0 else (r.text or "")[:300]
+                r.failure(f"HTTP {r.status_code}: {error}")
+                LOG.write({"name": name, "ok": False, "status": r.status_code, "start": start,
+                           "end": time.perf_counter(), "error": error})
                 return
             try:
                 if stream:

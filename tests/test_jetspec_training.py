@@ -83,5 +83,8 @@ def test_a_stopped_run_resumes_exactly(tmp_path):
     check_resume_is_exact(train_jetspec, _head, windows, recipe, replace(recipe, temperature=2.0), tmp_path)
     with pytest.raises(ValueError, match="anchors must be >= 1"):
         JetSpecRecipe(anchors=0)
+    for t in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="temperature must be > 0"):
+            JetSpecRecipe(temperature=t)
     window, head = windows.batch([0, 1]), _head()
     assert torch.equal(jetspec_loss(head, window, recipe, 3), jetspec_loss(head, window, recipe, 3))

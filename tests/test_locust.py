@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -39,3 +40,17 @@ def test_headless_locust_run_has_no_failures(code_lm_model, tmp_path):
     assert names == {"completion", "completion stream", "chat", "chat stream"}
     assert spec.present and spec.drafts > 0 and spec.tree.get("treespec_budget_nodes_count", 0) > 0
     assert "treespec_budget_chosen_nodes" in after.tree     # the auto policy's latest choice
+
+
+@pytest.mark.parametrize("value, needle", [("16-x", "need 1 <= lo <= hi"), ("128-16", "need 1 <= lo <= hi"),
+                                           ("0-8", "need 1 <= lo <= hi"), ("32,abc", "give positive integers"),
+                                           ("", "give positive integers"), ("-5", "need 1 <= lo <= hi")])
+def test_bad_max_tokens_knob_names_the_variable(value, needle):
+    import subprocess
+    import sys
+
+    code = f"import runpy; runpy.run_path({str(BENCH / 'locustfile.py')!r})"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TREESPEC_LOCUST_MAX_TOKENS": value})
+    assert out.returncode != 0
+    assert f"TREESPEC_LOCUST_MAX_TOKENS={value!r}: {needle}" in out.stderr

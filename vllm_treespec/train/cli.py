@@ -44,7 +44,9 @@ def add_subcommands(subparsers: Any) -> None:
         t.add_argument("--depth", type=int, default=8, help="tokens predicted per forward (d)")
         t.add_argument("--steps", type=int, default=600)
         t.add_argument("--batch-size", type=int, default=8)
-        t.add_argument("--window", type=int, default=64)
+        t.add_argument("--window", type=int, default=64 if kind == "dart" else 512,
+                       help="rows per training window; serving hands a head whole sequences, and a "
+                            "JetSpec head trained on short windows loses accuracy on long ones")
         t.add_argument("--lr", type=float, default=1e-3)
         t.add_argument("--seed", type=int, default=0)
         t.add_argument("--within-block", choices=["causal", "bidirectional"], default="causal",
