@@ -326,11 +326,12 @@ def test_inline_table_and_cap():
     assert p.choose(1) == BudgetChoice(16)
     assert [p.choose(4, c).nodes for c in (0, 1023, 1024)] == [8, 8, 4]
     assert p.choose(9).plain
-    # per-rule tree overrides are validated but not applied by the engine yet: refused, by key
-    for extra, key in (({"max_depth": 8}, "max_depth"), ({"tree": {"topk": 4}}, "tree.topk")):
-        rules = [{**budget["table"][0], **extra}, *budget["table"][1:]]
-        with pytest.raises(ConfigError, match=rf"budget.table\[0\].{key}: per-rule tree overrides are not applied"):
-            load_config({"drafter": TRIE, "tree": {"builder": "best_first"}, "budget": {**budget, "table": rules}}, 16)
+    # per-rule tree overrides reach the step's choice (DraftInputs.tree_overrides in the engine)
+    rules = [{**budget["table"][0], "max_depth": 3, "tree": {"topk": 2}}, *budget["table"][1:]]
+    cfg = load_config({"drafter": TRIE, "tree": {"builder": "best_first"}, "budget": {**budget, "table": rules}}, 16)
+    choice = make_budget_policy(cfg.budget, 16).choose(1)
+    assert choice.tree_params(cfg.tree.builder_params()) == {**cfg.tree.builder_params(), "max_depth": 3, "topk": 2}
+    assert make_budget_policy(cfg.budget, 16).choose(4).tree_params({}) == {}
 
 
 def test_auto_config_makes_auto_policy():
@@ -379,6 +380,10 @@ def test_auto_config_makes_auto_policy():
     ({"mode": "table", "table": [{"batch": [1, None], "nodes": 4, "max_depth": 3}]},
      ["budget.table[0].max_depth", "builder 'static'"],
      {"drafter": TRIE, "tree": {"builder": "static", "template": [2, 1]}}),
+    ({"mode": "table", "table": [{"batch": [1, None], "nodes": 4, "tree": {"template": [2, 1]}}]},
+     ["budget.table[0].tree.template", "drafter.templates", "bandit"],
+     {"drafter": {"type": "draft_model", "path": "fixture:draft-lm", "templates": [[2, 1], [1, 1, 1]]},
+      "tree": {"builder": "static", "template": [2, 1]}}),
     ({"mode": "table", "table": [{"batch": [1, None], "nodes": 4, "tree": {"tau": 5.0}}]},
      ["budget.table[0]", "tau"], {"drafter": TRIE, "tree": {"builder": "threshold"}}),
     ({"mode": "auto", "auto": {"candidates": [0, 4, 16]}},

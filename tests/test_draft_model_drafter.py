@@ -100,6 +100,26 @@ def test_lockstep_trees_equal_synchronous_builders(model_dir, mamba_dir, kind, b
         contexts = [np.concatenate([c, rng.integers(1, VOCAB, size=int(rng.integers(1, 4)))]) for c in contexts]
 
 
+@pytest.mark.parametrize("tree, overrides", [
+    ({"builder": "best_first", "max_depth": 6}, {"max_depth": 2, "topk": 2}),
+    ({"builder": "threshold", "branch": 3, "max_depth": 4, "tau": 0.02}, {"branch": 1, "tau": 0.1}),
+    ({"builder": "static", "template": [3, 2, 1]}, {"template": (1, 1, 1, 1)}),
+])
+def test_step_tree_overrides_draft_the_overridden_section(model_dir, tree, overrides):
+    """A budget.table rule's tree keys (DraftInputs.tree_overrides) give the trees of a drafter
+    configured with them."""
+    rng = np.random.default_rng(5)
+    contexts = [rng.integers(1, VOCAB, size=n) for n in (6, 13)]
+    inputs = _inputs(contexts, [10, 7])
+    inputs.tree_overrides = overrides
+    got = _drafter(model_dir, tree).propose(inputs)
+    want = _drafter(model_dir, {**tree, **overrides}).propose(_inputs(contexts, [10, 7]))
+    plain = _drafter(model_dir, tree).propose(_inputs(contexts, [10, 7]))
+    for g, w in zip(got, want):
+        assert g.tokens.tolist() == w.tokens.tolist() and g.parents.tolist() == w.parents.tolist()
+    assert any(g.parents.tolist() != p.parents.tolist() for g, p in zip(got, plain))
+
+
 def test_bandit_learns_per_request_and_forgets_finished(model_dir):
     drafter = _drafter(model_dir, {"builder": "static"}, templates=[[2, 1], [1, 1, 1, 1]])
     ctx = np.arange(1, 9)

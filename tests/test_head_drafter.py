@@ -184,3 +184,26 @@ def test_caches_stay_under_the_memory_bound(setup):
     big = make_drafter(cfg.drafter, None, cfg.tree, max_model_len=2**20 // per_row + 1, max_nodes=D)
     with pytest.raises(ConfigError, match="drafter.memory_mb: one request at max_model_len"):
         big.load(target)
+
+
+def test_step_tree_overrides_draft_the_overridden_section(setup):
+    """A budget.table rule's tree keys (DraftInputs.tree_overrides) give the trees of a drafter
+    configured with them."""
+    path, target, _, tokens, aux = setup
+    kind = json.loads((path / "config.json").read_text())["kind"]
+
+    def tree_of(tree: dict, overrides: dict):
+        cfg = parse_config({"drafter": {"type": kind, "path": str(path)}, "tree": tree})
+        d = make_drafter(cfg.drafter, None, cfg.tree, max_model_len=64, max_nodes=D)
+        d.load(target)
+        pos = np.arange(0, 7)
+        inputs = DraftInputs(req_ids=["r"], token_ids=tokens[None].numpy().astype(np.int32), rows=np.array([0]),
+                             num_tokens=np.array([8]), budgets=np.array([D]),
+                             target=TargetStates(None, list(aux), [pos], [pos]), tree_overrides=overrides)
+        return d.propose(inputs)[0]
+
+    got = tree_of({"builder": "best_first"}, {"max_depth": 1})
+    want = tree_of({"builder": "best_first", "max_depth": 1}, {})
+    plain = tree_of({"builder": "best_first"}, {})
+    assert got.tokens.tolist() == want.tokens.tolist() and got.parents.tolist() == want.parents.tolist()
+    assert int(got.depth.max()) == 1 < int(plain.depth.max())

@@ -619,15 +619,11 @@ def _check_budget_tree(cfg: TreespecConfig) -> None:
             if name not in used:
                 raise ConfigError(f"{key}[{i}].tree.{name}: not used by builder {builder!r} (it reads "
                                   f"{', '.join(used)}); remove it or change tree.builder")
+        if "template" in overrides and cfg.drafter.type == "draft_model" and cfg.drafter.templates:
+            raise ConfigError(f"{key}[{i}].tree.template: drafter.templates lets the bandit choose the "
+                              "template per request; remove one of the two")
         if rule.max_depth is not None:
             overrides["max_depth"] = rule.max_depth
-        if overrides:
-            # drafters fix their builder parameters at startup (several in native code); per-step
-            # overrides are not applied yet, and a rule must not look applied when it is not
-            name = "max_depth" if rule.max_depth is not None else f"tree.{next(iter(rule.tree.builder_params()))}"
-            raise ConfigError(f"{key}[{i}].{name}: per-rule tree overrides are not applied by the engine "
-                              "yet (only the rule's node budget is); remove the key and set it in the tree "
-                              "section")
         frozen = tuple(sorted(overrides.items()))
         if overrides and frozen not in checked:
             checked.add(frozen)

@@ -1,8 +1,8 @@
 """The drafter interface: what the proposer hands a drafter each step and what it gets back."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -33,7 +33,9 @@ class DraftInputs:
     `token_ids` is the engine's token buffer (read-only view, [rows, max_len] int32); request i
     owns row `rows[i]`, whose first `num_tokens[i]` entries are its prompt and output so far
     (including the token sampled this step, which becomes the root of its tree). `budgets[i]`
-    is the most draft nodes request i may get this step (0 = draft nothing).
+    is the most draft nodes request i may get this step (0 = draft nothing). `tree_overrides`
+    are this step's overrides of the tree section (a budget.table rule's max_depth and builder
+    keys, e.g. {"max_depth": 4, "topk": 2}); empty = the tree section as configured.
     """
     req_ids: Sequence[str]
     token_ids: np.ndarray
@@ -44,6 +46,7 @@ class DraftInputs:
     # per request its SamplingParams (temperature, top_k, top_p, min_p, seed; None = unknown),
     # set for drafters with `samples_drafts = True`
     sampling: Sequence[Any] | None = None
+    tree_overrides: Mapping[str, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.req_ids)

@@ -125,7 +125,7 @@ class DraftModelDrafter:
         root_lp = self.lm.start_step(ids, contexts)
         gens, arms, drawn = [], [], {}
         for j, i in enumerate(want.tolist()):
-            params = dict(self.params)
+            params = {**self.params, **inputs.tree_overrides}   # a budget.table rule's tree keys
             if self.templates is not None:
                 arms.append(self._choose_arm(ids[j], contexts[j].shape[0]))
                 params["template"] = self.templates[arms[-1]]

@@ -58,7 +58,10 @@ class LookupTrieDrafter:
         pass
 
     def propose(self, inputs: DraftInputs) -> list[DraftTree]:
-        return native_trees(self.trie, inputs, chain=self.chain, **self.params)
+        params = self.params
+        if "max_depth" in inputs.tree_overrides:       # a budget.table rule's depth for this step
+            params = {**params, "max_depth": int(inputs.tree_overrides["max_depth"])}
+        return native_trees(self.trie, inputs, chain=self.chain, **params)
 
     def observe_output(self, tokens: np.ndarray) -> None:
         """Learn a finished request's output in the trie's online layer (when enabled)."""

@@ -95,15 +95,11 @@ class NgramTrieDrafter:
         self.builder_params = tree.builder_params() if tree is not None else {}
         self.rho = TrieSignal(self.trie) if tree is not None and tree.scorer != "acc_logp" else None
         self.k = int(config.k)
-        topk = self.builder_params.get("topk")
         chain = self.tree_builder == "chain"
         self.native = chain or (self.tree_builder == "best_first" and tree.scorer == "acc_logp"
                                 and not self.builder_params.get("scorer_params"))
-        depth = self.builder_params.get("max_depth") or (1 << 20 if chain else 8)
-        self.native_params = dict(min_ngram=1, max_ngram=1, max_matches=0, max_depth=int(depth),
-                                  k=1 if chain else (min(self.k, int(topk)) if topk else self.k),
-                                  min_context=int(config.min_context), lookup_weight=0.0, chain=chain)
         self.min_context = int(config.min_context)
+        self.native_params = self._native_params(self.builder_params)
         self.context_len = max(1, self.trie.order - 1)
         self.online = bool(config.online_mb)
         if self.online:
@@ -112,6 +108,19 @@ class NgramTrieDrafter:
     def load(self, target_model: Any) -> None:
         pass
 
+    def _native_params(self, builder_params: dict[str, Any]) -> dict[str, Any]:
+        """The C++ core's arguments for these tree keys (max_depth; topk caps the children k)."""
+        chain = self.tree_builder == "chain"
+        topk = builder_params.get("topk")
+        depth = builder_params.get("max_depth") or (1 << 20 if chain else 8)
+        return dict(min_ngram=1, max_ngram=1, max_matches=0, max_depth=int(depth),
+                    k=1 if chain else (min(self.k, int(topk)) if topk else self.k),
+                    min_context=self.min_context, lookup_weight=0.0, chain=chain)
+
+    def _params(self, inputs: DraftInputs) -> dict[str, Any]:
+        """The tree keys of this step: the tree section with a budget.table rule's overrides."""
+        return {**self.builder_params, **inputs.tree_overrides} if inputs.tree_overrides else self.builder_params
+
     def _contexts(self, inputs: DraftInputs, idx: np.ndarray) -> list[np.ndarray]:
         rows, ends = inputs.rows[idx], inputs.num_tokens[idx]
         return [inputs.token_ids[r, max(0, e - self.context_len): e] for r, e in zip(rows.tolist(), ends.tolist())]
@@ -119,6 +128,7 @@ class NgramTrieDrafter:
     def propose(self, inputs: DraftInputs) -> list[DraftTree]:
         if self.native:
             return self.propose_native(inputs)
+        params = self._params(inputs)
         trees = []
         for i in range(len(inputs)):
             root = inputs.root(i)
@@ -127,8 +137,7 @@ class NgramTrieDrafter:
                 trees.append(DraftTree.root_only(root))
                 continue
             context = inputs.context(i, self.context_len + 1)[:-1]
-            trees.append(build_tree(self.tree_builder, self.expander(context, root), budget,
-                                    **self.builder_params))
+            trees.append(build_tree(self.tree_builder, self.expander(context, root), budget, **params))
         return trees
 
     def propose_native(self, inputs: DraftInputs) -> list[DraftTree]:
@@ -136,13 +145,14 @@ class NgramTrieDrafter:
         alone)."""
         from vllm_treespec.drafters.lookup_trie import native_trees
 
-        return native_trees(self.trie, inputs, **self.native_params)
+        params = self.native_params if not inputs.tree_overrides else self._native_params(self._params(inputs))
+        return native_trees(self.trie, inputs, **params)
 
     def propose_chains(self, inputs: DraftInputs) -> list[list[int]]:
         """Greedy chains: the trie's most likely next token, depth by depth, for all requests
         (reference of the native chain: stops where the top token's context is too short)."""
         out: list[list[int]] = [[] for _ in range(len(inputs))]
-        budgets = np.minimum(inputs.budgets, self.builder_params.get("max_depth", 1 << 20))
+        budgets = np.minimum(inputs.budgets, self._params(inputs).get("max_depth", 1 << 20))
         active = np.nonzero(budgets > 0)[0]
         if active.size == 0:
             return out

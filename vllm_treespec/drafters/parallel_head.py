@@ -132,12 +132,13 @@ class HeadDrafter:
             logprobs[..., self.vocab_limit:] = -torch.inf
         k = min(self.cfg.topk, logprobs.shape[-1])
         top = torch.topk(logprobs, k, dim=-1)
+        params = {**self.params, **inputs.tree_overrides}     # a budget.table rule's tree keys
         for j, i in enumerate(want):
             root = inputs.root(i)
             context = inputs.context(i, 16)[:-1] if self.rho is not None else ()
             table = DepthTable(top.indices[j].numpy(), top.values[j].double().numpy(), root,
                                context=context, rho=self.rho)
-            trees[i] = build_tree(self.builder, table, int(inputs.budgets[i]), **self.params)
+            trees[i] = build_tree(self.builder, table, int(inputs.budgets[i]), **params)
         return trees
 
     def _commit(self, inputs: DraftInputs) -> None:

@@ -247,7 +247,8 @@ class TreeProposer:
             cached = [self._cached(runner, r) if runner is not None else None for r in req_ids]
             sampling = [c.sampling_params if c is not None else None for c in cached]
         inputs = DraftInputs(req_ids=req_ids, token_ids=token_ids_cpu, rows=np.arange(n, dtype=np.int64),
-                             num_tokens=num_tokens, budgets=budgets, target=target, sampling=sampling)
+                             num_tokens=num_tokens, budgets=budgets, target=target, sampling=sampling,
+                             tree_overrides=choice.tree_params({}))   # a table rule's tree keys
         if budgets.any() or getattr(self.drafter, "uses_target_states", False):
             trees = self.drafter.propose(inputs)     # head caches take every step's committed rows
         else:                                         # budget 0 (plain decoding): no drafter call
