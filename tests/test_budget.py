@@ -395,6 +395,8 @@ def test_auto_config_makes_auto_policy():
     ({"mode": "auto", "auto": {"profile": [[0, 0.1]]}}, ["budget.auto.profile[0]", "query_tokens >= 1"], {}),
     ({"mode": "auto", "auto": {"profile": [[4]]}}, ["budget.auto.profile[0]", "[query_tokens, seconds]"], {}),
     ({"mode": "auto", "auto": {"margn": 0.1}}, ["budget.auto.margn", "unknown key", "margin"], {}),
+    ({"mode": "auto", "auto": {"startup_profile": "no"}}, ["budget.auto.startup_profile", "true or false"], {}),
+    ({"auto": {"startup_profile": False}}, ["budget.auto", "only with budget.mode auto"], {}),
 ])
 def test_bad_budget_config_names_the_key(budget, needles, extra):
     raw = {"drafter": OK, **extra, "budget": budget}

@@ -51,6 +51,14 @@ class DraftInputs:
     def __len__(self) -> int:
         return len(self.req_ids)
 
+    def tree_params(self, base: Mapping[str, Any]) -> dict[str, Any]:
+        """This step's tree keys: `base` (the drafter's tree section) with `tree_overrides`."""
+        return {**base, **self.tree_overrides}
+
+    def max_depth(self, default: int) -> int:
+        """This step's deepest tree level: a table rule's max_depth, else `default`."""
+        return int(self.tree_overrides.get("max_depth", default))
+
     def root(self, i: int) -> int:
         """Request i's root token: its last token (sampled this step)."""
         return int(self.token_ids[int(self.rows[i]), int(self.num_tokens[i]) - 1])

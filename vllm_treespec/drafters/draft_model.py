@@ -124,8 +124,9 @@ class DraftModelDrafter:
                     for i in want.tolist()]
         root_lp = self.lm.start_step(ids, contexts)
         gens, arms, drawn = [], [], {}
+        step_params = inputs.tree_params(self.params)           # with a budget.table rule's tree keys
         for j, i in enumerate(want.tolist()):
-            params = {**self.params, **inputs.tree_overrides}   # a budget.table rule's tree keys
+            params = dict(step_params)
             if self.templates is not None:
                 arms.append(self._choose_arm(ids[j], contexts[j].shape[0]))
                 params["template"] = self.templates[arms[-1]]

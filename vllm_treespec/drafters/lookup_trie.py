@@ -58,9 +58,7 @@ class LookupTrieDrafter:
         pass
 
     def propose(self, inputs: DraftInputs) -> list[DraftTree]:
-        params = self.params
-        if "max_depth" in inputs.tree_overrides:       # a budget.table rule's depth for this step
-            params = {**params, "max_depth": int(inputs.tree_overrides["max_depth"])}
+        params = {**self.params, "max_depth": inputs.max_depth(self.max_depth)}   # a table rule's depth
         return native_trees(self.trie, inputs, chain=self.chain, **params)
 
     def observe_output(self, tokens: np.ndarray) -> None:

@@ -117,10 +117,6 @@ class NgramTrieDrafter:
                     k=1 if chain else (min(self.k, int(topk)) if topk else self.k),
                     min_context=self.min_context, lookup_weight=0.0, chain=chain)
 
-    def _params(self, inputs: DraftInputs) -> dict[str, Any]:
-        """The tree keys of this step: the tree section with a budget.table rule's overrides."""
-        return {**self.builder_params, **inputs.tree_overrides} if inputs.tree_overrides else self.builder_params
-
     def _contexts(self, inputs: DraftInputs, idx: np.ndarray) -> list[np.ndarray]:
         rows, ends = inputs.rows[idx], inputs.num_tokens[idx]
         return [inputs.token_ids[r, max(0, e - self.context_len): e] for r, e in zip(rows.tolist(), ends.tolist())]
@@ -128,7 +124,7 @@ class NgramTrieDrafter:
     def propose(self, inputs: DraftInputs) -> list[DraftTree]:
         if self.native:
             return self.propose_native(inputs)
-        params = self._params(inputs)
+        params = inputs.tree_params(self.builder_params)
         trees = []
         for i in range(len(inputs)):
             root = inputs.root(i)
@@ -145,14 +141,15 @@ class NgramTrieDrafter:
         alone)."""
         from vllm_treespec.drafters.lookup_trie import native_trees
 
-        params = self.native_params if not inputs.tree_overrides else self._native_params(self._params(inputs))
+        params = (self._native_params(inputs.tree_params(self.builder_params)) if inputs.tree_overrides
+                  else self.native_params)
         return native_trees(self.trie, inputs, **params)
 
     def propose_chains(self, inputs: DraftInputs) -> list[list[int]]:
         """Greedy chains: the trie's most likely next token, depth by depth, for all requests
         (reference of the native chain: stops where the top token's context is too short)."""
         out: list[list[int]] = [[] for _ in range(len(inputs))]
-        budgets = np.minimum(inputs.budgets, self._params(inputs).get("max_depth", 1 << 20))
+        budgets = np.minimum(inputs.budgets, inputs.max_depth(self.builder_params.get("max_depth", 1 << 20)))
         active = np.nonzero(budgets > 0)[0]
         if active.size == 0:
             return out

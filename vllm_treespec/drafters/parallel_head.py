@@ -132,7 +132,7 @@ class HeadDrafter:
             logprobs[..., self.vocab_limit:] = -torch.inf
         k = min(self.cfg.topk, logprobs.shape[-1])
         top = torch.topk(logprobs, k, dim=-1)
-        params = {**self.params, **inputs.tree_overrides}     # a budget.table rule's tree keys
+        params = inputs.tree_params(self.params)             # with a budget.table rule's tree keys
         for j, i in enumerate(want):
             root = inputs.root(i)
             context = inputs.context(i, 16)[:-1] if self.rho is not None else ()

@@ -33,20 +33,19 @@ class PromptLookupDrafter:
         pass
 
     def propose(self, inputs: DraftInputs) -> list[DraftTree]:
-        max_depth = int(inputs.tree_overrides.get("max_depth", self.max_depth))
         if self.tree_builder == "best_first":
             from vllm_treespec.drafters.lookup_tree import lookup_trees
 
             return lookup_trees(inputs.token_ids, inputs.rows, inputs.num_tokens, inputs.budgets,
                                 min_ngram=self.min_ngram, max_ngram=self.max_ngram,
-                                max_matches=self.max_matches, max_depth=max_depth,
+                                max_matches=self.max_matches, max_depth=inputs.max_depth(self.max_depth),
                                 continue_prob=self.continue_prob)
         return chain_trees(inputs, self.propose_chains(inputs))
 
     def propose_chains(self, inputs: DraftInputs) -> list[list[int]]:
         """The best match's continuation per request (at most budgets[i] and max_depth tokens)."""
         out: list[list[int]] = [[] for _ in range(len(inputs))]
-        budgets = np.minimum(inputs.budgets, int(inputs.tree_overrides.get("max_depth", self.max_depth)))
+        budgets = np.minimum(inputs.budgets, inputs.max_depth(self.max_depth))
         active = np.nonzero(budgets > 0)[0]
         if active.size == 0:
             return out

@@ -33,14 +33,18 @@ def profile_sizes(max_query_tokens: int) -> list[int]:
     return sizes + [max_query_tokens]
 
 
+def _cuda_in_use() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
 def _synchronize() -> None:
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if _cuda_in_use():
         torch.cuda.synchronize()
 
 
 def measure_step_seconds(runner: Any, sizes: list[int], repeats: int = 3) -> list[tuple[int, float]]:
     """(query tokens, median seconds of `repeats` timed forwards after one untimed) per size."""
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    devices = [torch.cuda.current_device()] if _cuda_in_use() else []
     points = []
     with torch.random.fork_rng(devices=devices):
         for q in sizes:

@@ -1,6 +1,6 @@
-"""The transformer pieces the heads share: the frozen shared-embedding base, RMSNorm, rotary embeddings, a masked grouped-query
-attention over an explicit boolean mask, a SwiGLU MLP and a pre-norm decoder layer (Qwen3-style:
-q/k RMSNorm per head). An explicit [Q, K] mask lets one layer serve the training layout
+"""The transformer pieces the heads share: the frozen shared-embedding base, RMSNorm, rotary
+embeddings, a masked grouped-query attention over an explicit boolean mask, a SwiGLU MLP and a
+pre-norm decoder layer (Qwen3-style: q/k RMSNorm per head). An explicit [Q, K] mask lets one layer serve the training layout
 (prefix-shared blocks, train/masks.py) and the serving layout (prefix + one block) unchanged,
 which is what keeps training and serving forwards equal.
 """
@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from vllm_treespec.drafters.heads.shape import HeadShape
 
 
 class RMSNorm(nn.Module):
@@ -107,7 +109,7 @@ class SharedEmbeddingHead(nn.Module):
     """Base of every draft head: it embeds tokens with the frozen target's own embedding (checked
     against the head's config), which is therefore not part of the head's checkpoint."""
 
-    def __init__(self, config, embed: nn.Embedding) -> None:
+    def __init__(self, config: HeadShape, embed: nn.Embedding) -> None:
         super().__init__()
         self.config = config
         if embed.weight.shape != (config.vocab_size, config.hidden_size):
