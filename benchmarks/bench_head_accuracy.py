@@ -9,7 +9,7 @@ change, and is evaluated on the same held-out tenth of the sequences, twice: on 
 contexts serving hands a head). alpha-k = the head's top-1 at depth k equals the target's greedy
 token, hit@10 = the target's token is in the head's top 10.
 
-    .venv/bin/python benchmarks/bench_head_accuracy.py                   # everything, 600 steps each
+    .venv/bin/python benchmarks/bench_head_accuracy.py                   # everything, fixture steps
     .venv/bin/python benchmarks/bench_head_accuracy.py --variants dart dart-unshifted --steps 200
 """
 from __future__ import annotations
@@ -35,26 +35,29 @@ def variants() -> dict[str, tuple[str, dict, dict]]:
     out["dart-window-256"] = ("dart", {}, {"window": 256, "batch_size": 4})   # longer training contexts
     out["jetspec-causal"] = ("jetspec", {"num_layers": 2}, {})
     out["jetspec-bidirectional"] = ("jetspec", {"num_layers": 2, "within_block": "bidirectional"}, {})
+    # a cheaper head: one layer and a third of the MLP width (serving cost, drafters/heads/NOTES.md)
+    out["jetspec-narrow"] = ("jetspec", {"num_layers": 1, "intermediate_size": 384}, {})
     return out
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variants", nargs="+", default=list(variants()), choices=list(variants()))
-    p.add_argument("--steps", type=int, default=600, help="training steps per variant (fixtures: 600)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="training steps per variant (default: the fixture recipe's, DART 600, JetSpec 400)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--output", type=Path, default=RESULTS / "bench_head_accuracy_code-lm.json")
     return p.parse_args(argv)
 
 
-def train_variant(name: str, steps: int, work: Path) -> dict:
+def train_variant(name: str, steps: int | None, work: Path) -> dict:
     from vllm_treespec.fixtures import build_fixture
     from vllm_treespec.fixtures.heads import DART_HEAD_RECIPE, JETSPEC_HEAD_RECIPE
     from vllm_treespec.train.cli import train_head
 
     kind, shape, changes = variants()[name]
     recipe_dict = dict((DART_HEAD_RECIPE if kind == "dart" else JETSPEC_HEAD_RECIPE)["train"])
-    recipe_dict.update(steps=steps, **changes)
+    recipe_dict.update(steps=steps or recipe_dict["steps"], **changes)
     if kind == "dart":
         from vllm_treespec.train.dart_recipe import DartRecipe as Recipe
     else:
@@ -144,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     ns.output.write_text(json.dumps(record, indent=2) + "\n")
     print(ns.output)
     print(plot(rows, ns.output.with_suffix(".png"),
-               f"held-out per-depth accuracy, code-lm heads, {ns.steps} steps, {hardware_line(hw)}"))
+               f"held-out per-depth accuracy, code-lm heads, {ns.steps or 'fixture'} steps, {hardware_line(hw)}"))
     return 0
 
 

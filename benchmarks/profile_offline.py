@@ -5,6 +5,7 @@ the code-LM fixture, 16 held-out prompts x 128 tokens at concurrency 1, greedy.
     .venv/bin/python benchmarks/profile_offline.py ngram 16                      # vLLM's ngram, K
     .venv/bin/python benchmarks/profile_offline.py off
     .venv/bin/python benchmarks/profile_offline.py prompt-lookup-tree 16 --no-profile   # 3 timed passes
+    .venv/bin/python benchmarks/profile_offline.py lookup-trie-tree 8 --dump /tmp/ltt8.prof  # keep the stats
 
 Prints tokens/s and the treespec / model functions by cumulative time (ms per engine step is
 cumulative / steps); with --no-profile, tokens/s and process CPU seconds of 3 passes.
@@ -54,6 +55,8 @@ def main(argv: list[str]) -> int:
         wall = time.perf_counter() - start
         print(f"{mode} K={k}: {16 * 128 / wall:.1f} tok/s, {time.process_time() - cpu:.2f} CPU s", flush=True)
     if profile:
+        if "--dump" in argv:                                    # raw stats for pstats / snakeviz
+            prof.dump_stats(argv[argv.index("--dump") + 1])
         stats = pstats.Stats(prof)
         rows = [(ct, f"{f.split('site-packages/')[-1].split('vllm_treespec/')[-1]}:{line}({fn})", n)
                 for (f, line, fn), (_, n, _, ct, _) in stats.stats.items()
