@@ -91,6 +91,7 @@ def test_ragged_batch_and_truncation():
 @pytest.mark.parametrize("kwargs,match", [
     (dict(depth=0), "depth must be >= 1"), (dict(num_layers=0), "num_layers"),
     (dict(feature_layers=(0, 9)), "feature_layers"), (dict(within_block="sideways"), "within_block"),
+    (dict(intermediate_size=0), "intermediate_size must be >= 1"), (dict(num_kv_heads=0), "num_kv_heads"),
 ])
 def test_bad_configs(kwargs, match):
     base = dict(hidden_size=H, vocab_size=V, target_num_layers=6, feature_layers=(0, 1, 2))

@@ -57,8 +57,9 @@ def test_data_then_dart(tiny_model, tmp_path):
     # the same shards train a diffusion-style JetSpec head through `train jetspec`
     printed = _cli("train", "jetspec", str(tiny_model), "--data", str(data), "--out", str(tmp_path / "js"),
                    "--depth", "3", "--steps", "4", "--batch-size", "2", "--window", "16", "--anchors", "3",
-                   "--num-layers", "1", "--within-block", "bidirectional", "--quiet")
+                   "--num-layers", "1", "--intermediate-size", "40", "--within-block", "bidirectional", "--quiet")
     assert len(json.loads(printed.strip().splitlines()[-1])["hit_at_10"]) == 3
     js = load_head(tmp_path / "js", target.config, target.get_input_embeddings(), kind="jetspec")
     assert js.config.within_block == "bidirectional" and js.config.num_layers == 1
+    assert js.config.intermediate_size == 40 and js.layers[0].mlp.up_proj.out_features == 40
     assert json.loads((tmp_path / "js" / "head.json").read_text())["recipe"]["anchors"] == 3

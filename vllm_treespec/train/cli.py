@@ -51,6 +51,9 @@ def add_subcommands(subparsers: Any) -> None:
         t.add_argument("--seed", type=int, default=0)
         t.add_argument("--within-block", choices=["causal", "bidirectional"], default="causal",
                        help="attention among the block's rows (bidirectional = diffusion-style head)")
+        t.add_argument("--intermediate-size", type=int, default=None,
+                       help="the head's MLP width (default: the target's); a head's serving cost "
+                            "follows its weight bytes, so narrower heads draft faster")
         if kind == "dart":
             t.add_argument("--gamma", type=float, default=0.6, help="per-depth KL annealing")
         else:
@@ -111,6 +114,8 @@ def cmd_train(ns: argparse.Namespace) -> int:
     try:
         recipe = make_recipe(ns)
         shape = {"num_layers": ns.num_layers} if ns.kind == "jetspec" else {}
+        if ns.intermediate_size is not None:
+            shape["intermediate_size"] = ns.intermediate_size
         metrics = train_head(_model_dir(ns.model), ns.data, ns.out, recipe, kind=ns.kind, depth=ns.depth,
                              within_block=ns.within_block, resume=not ns.no_resume, progress=not ns.quiet,
                              **shape)
@@ -156,13 +161,13 @@ def train_head(model_dir: Path, data_dir: Path, out_dir: Path, recipe: Any, *, k
     embed = target_embedding(target)            # shares the target's storage; the rest is freed
     del target
     config_cls, head_cls = HEAD_KINDS[kind]
+    attention = dict(num_heads=tc.num_attention_heads, num_kv_heads=tc.num_key_value_heads,
+                     head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
+                     intermediate_size=tc.intermediate_size, rope_theta=float(getattr(tc, "rope_theta", 1e6)))
     config = config_cls(hidden_size=tc.hidden_size, vocab_size=tc.vocab_size,
                         target_num_layers=tc.num_hidden_layers,
                         feature_layers=tuple(manifest["feature_layers"]), depth=depth,
-                        num_heads=tc.num_attention_heads, num_kv_heads=tc.num_key_value_heads,
-                        head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
-                        intermediate_size=tc.intermediate_size,
-                        rope_theta=float(getattr(tc, "rope_theta", 1e6)), within_block=within_block, **shape)
+                        within_block=within_block, **{**attention, **shape})
     data = load_shards([data_dir / s for s in manifest["shards"]])
     held = held_out_mask(data.num_sequences)
     torch.manual_seed(recipe.seed)

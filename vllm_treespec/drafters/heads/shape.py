@@ -31,6 +31,9 @@ class HeadShape:
     def __post_init__(self) -> None:
         if self.within_block not in ("causal", "bidirectional"):
             raise ValueError(f"within_block must be causal or bidirectional, got {self.within_block!r}")
+        for name in ("depth", "num_heads", "num_kv_heads", "head_dim", "intermediate_size"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         bad = [l for l in self.feature_layers if not 0 <= l < self.target_num_layers]
         if not self.feature_layers or bad:
             raise ValueError(f"feature_layers {list(self.feature_layers)} must be non-empty target "
