@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 ENGINE = dict(dtype="float32", enforce_eager=True, max_model_len=512, max_num_seqs=8, seed=0)
 PROMPTS = ["def fibonacci(n):\n    ", "import os\nimport sys\n\nclass Config:\n",
            "for i in range(10):\n    print(i)\n" * 3, "x = [1, 2, 3]\ny = "] * 2
-# (head kind, builder) pairs run on random heads of the tiny model
+# (head kind, builder[, drafter.dtype]) runs on random heads of the tiny model
 BUILDERS = {"best_first": {"builder": "best_first", "max_depth": 4},
             "chain": {"builder": "chain"},
             "static": {"builder": "static", "template": [2, 2, 1]},
@@ -24,7 +24,8 @@ BUILDERS = {"best_first": {"builder": "best_first", "max_depth": 4},
 # every builder with DART and with JetSpec heads; the diffusion head shares JetSpec's serving path
 RANDOM_RUNS = [("dart", "best_first"), ("dart", "chain"), ("dart", "static"), ("dart", "beam"),
                ("dart", "threshold"), ("jetspec", "best_first"), ("jetspec", "chain"), ("jetspec", "static"),
-               ("jetspec", "beam"), ("jetspec", "threshold"), ("diffusion", "best_first")]
+               ("jetspec", "beam"), ("jetspec", "threshold"), ("diffusion", "best_first"),
+               ("dart", "beam", "bfloat16"), ("jetspec", "best_first", "bfloat16")]   # drafter.dtype
 
 
 def _random_head(tiny_model, out, kind):
@@ -59,24 +60,25 @@ def _phases():
              "sampling": [greedy(24)] * len(PROMPTS)} for c in (1, 8)]
 
 
-def _drafter(kind, path):
-    return {"type": "dart" if kind == "dart" else "jetspec", "path": str(path), "topk": 4}
+def _drafter(kind, path, dtype="auto"):
+    return {"type": "dart" if kind == "dart" else "jetspec", "path": str(path), "topk": 4, "dtype": dtype}
 
 
 @pytest.fixture(scope="module")
 def runs(tiny_model, random_heads):
     out = {"off": run_engine(tiny_model, ENGINE, _phases())}
-    for kind, builder in RANDOM_RUNS:
+    for run in RANDOM_RUNS:
+        kind, builder, *dtype = run
         spec = dict(speculative_config=spec_config(6), additional_config={"treespec": {
-            "drafter": _drafter(kind, random_heads[kind]), "tree": BUILDERS[builder]}})
-        out[kind, builder] = run_engine(tiny_model, {**ENGINE, **spec}, _phases(), inspect_proposer=True)
+            "drafter": _drafter(kind, random_heads[kind], *dtype), "tree": BUILDERS[builder]}})
+        out[run] = run_engine(tiny_model, {**ENGINE, **spec}, _phases(), inspect_proposer=True)
     return out
 
 
-@pytest.mark.parametrize("kind,builder", RANDOM_RUNS)
-def test_head_greedy_equals_spec_off(runs, kind, builder):
-    assert_same_outputs(runs["off"], runs[kind, builder])
-    state = runs[kind, builder]["proposer"][0]
+@pytest.mark.parametrize("run", RANDOM_RUNS, ids="-".join)
+def test_head_greedy_equals_spec_off(runs, run):
+    assert_same_outputs(runs["off"], runs[run])
+    state = runs[run]["proposer"][0]
     assert state["stats"]["verified_trees"] > 0           # the head drafted and trees were verified
     assert state["drafter"]["cached_requests"] == 0       # caches freed when requests finished
 

@@ -61,9 +61,9 @@ def setup(request, tmp_path_factory):
     return path, target, head.eval(), tokens, aux
 
 
-def _drafter(path, target, builder="chain"):
+def _drafter(path, target, builder="chain", **drafter):
     kind = json.loads((path / "config.json").read_text())["kind"]
-    cfg = parse_config({"drafter": {"type": kind, "path": str(path)}, "tree": {"builder": builder}})
+    cfg = parse_config({"drafter": {"type": kind, "path": str(path), **drafter}, "tree": {"builder": builder}})
     d = make_drafter(cfg.drafter, None, cfg.tree, max_model_len=64, max_nodes=D)
     d.load(target)
     return d
@@ -116,6 +116,26 @@ def test_unsorted_feature_layers_are_concatenated_in_config_order(setup, tmp_pat
     with torch.no_grad():
         want = _train_logits(swapped, feats, tokens[None, 1:8], 6).argmax(-1).tolist()
     assert tree.draft_token_ids() == want
+
+
+def test_dtype_runs_the_head_in_that_dtype(setup):
+    """drafter.dtype bfloat16: weights, embedding and cache in bfloat16 (the target's embedding
+    itself stays float32), log-probs in float32, close to the float32 head's; auto = the target's."""
+    path, target, head, tokens, aux = setup
+    auto, bf16 = _drafter(path, target), _drafter(path, target, dtype="bfloat16")
+    assert {p.dtype for p in auto.head.parameters()} == {torch.float32}
+    assert {p.dtype for p in bf16.head.parameters()} == {torch.bfloat16}
+    assert target.model.embed_tokens.weight.dtype == torch.float32
+    trees = [_step(d, tokens, aux, range(0, 9), 10) for d in (auto, bf16)]
+    cache = bf16.caches["r"]
+    assert (cache.k[0] if isinstance(cache.k, list) else cache.k).dtype == torch.bfloat16
+    with torch.inference_mode():
+        lp32, lp16 = auto.head.draft([auto.caches["r"]]), bf16.head.draft([cache])
+    assert lp16.dtype == torch.float32
+    assert (lp16.exp() - lp32.exp()).abs().max() < 0.05       # bfloat16 rounding, not a different head
+    assert trees[1].num_draft == trees[0].num_draft == D
+    with pytest.raises(ConfigError, match="drafter.dtype"):
+        parse_config({"drafter": {"type": head.config.kind, "path": str(path), "dtype": "int8"}})
 
 
 def test_head_config_errors(setup):

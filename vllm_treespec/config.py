@@ -162,6 +162,11 @@ class DartConfig:
     ngram: str | None = spec(None, doc=(
         "tree.scorer dart / presto: the n-gram trie giving rho (a trie file or fixture:stdlib-3gram); "
         "null = no n-gram signal."))
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = spec("auto", doc=(
+        "Head weights and context-cache dtype; auto = the served model's. A head's draft forward "
+        "reads all its weights for a handful of rows, so its cost follows their bytes: bfloat16 "
+        "halves them (fast on CPUs with AVX512-BF16 and on GPUs; drafters/heads/NOTES.md). Drafts "
+        "may change, outputs never do (verification is exact)."))
     memory_mb: float = spec(512.0, ge=1.0, le=1048576.0, doc=(
         "Bound on the head's per-request context caches; the least recently drafted requests' caches "
         "are evicted past it (they restart at their next committed rows: less context, never wrong "

@@ -77,8 +77,8 @@ class HeadDrafter:
 
     def load(self, target_model: Any) -> None:
         embed = target_embedding(target_model)
-        self.head = load_head(self.path, target_model.config, embed, dtype=embed.weight.dtype,
-                              kind=self.cfg.type)
+        dtype = embed.weight.dtype if self.cfg.dtype == "auto" else getattr(torch, self.cfg.dtype)
+        self.head = load_head(self.path, target_model.config, embed, dtype=dtype, kind=self.cfg.type)
         one = self.head.cache_bytes_per_row() * self.max_model_len
         if one > self.cfg.memory_mb * 2**20:
             from vllm_treespec.schema import ConfigError

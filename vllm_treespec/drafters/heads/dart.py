@@ -152,15 +152,19 @@ class DartHead(SharedEmbeddingHead):
         m = self.config.mask_rows
         r, longest = len(caches), max(c.length for c in caches)
         kv, d = self.config.num_kv_heads, self.config.head_dim
-        pk = self.fc.weight.new_zeros((r, kv, longest, d))
-        pv = torch.zeros_like(pk)
+        if r == 1:                                 # nothing to pad: the cache itself, no copy
+            pk, pv = caches[0].k[None], caches[0].v[None]
+        else:
+            pk = self.fc.weight.new_zeros((r, kv, longest, d))
+            pv = torch.zeros_like(pk)
         q_len = 1 + m
         mask = torch.zeros((r, q_len, longest + q_len), dtype=torch.bool, device=pk.device)
         pos = torch.empty((r, q_len), dtype=torch.int64, device=pk.device)
         x = torch.empty((r, q_len, self.config.hidden_size), dtype=pk.dtype, device=pk.device)
         for i, c in enumerate(caches):
             n = c.length
-            pk[i, :, :n], pv[i, :, :n] = c.k, c.v
+            if r > 1:
+                pk[i, :, :n], pv[i, :, :n] = c.k, c.v
             # the last prefix row is in the cache already; as a query it attends prefix 0..n-1
             mask[i, :, :n] = True
             mask[i, 0, longest:] = False

@@ -98,9 +98,13 @@ class JetSpecHead(SharedEmbeddingHead):
 
     def _run(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
              past: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """The last layer's hidden states of the block rows x (before the final norm)."""
         for layer, kv in zip(self.layers, past):
             x = layer(x, pos, mask, past=kv)
-        return self.lm_head(self.norm(x))
+        return x
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(h))
 
     # -- training -----------------------------------------------------------------------------
     def forward_train(self, features: torch.Tensor, next_tokens: torch.Tensor,
@@ -121,8 +125,8 @@ class JetSpecHead(SharedEmbeddingHead):
         ctx_ok = torch.arange(p, device=features.device)[None, None, :] <= prefixes[..., None]   # [B, A, P]
         blocks = torch.block_diag(*[self._block_mask(features.device)] * a)                    # [A n, A n]
         mask = torch.cat([ctx_ok.repeat_interleave(n, 1), blocks.expand(b, -1, -1)], -1)
-        logits = self._run(x, pos, mask, past).reshape(b, a, n, -1)
-        return logits[:, :, 1:]
+        # only the mask rows predict; the root row's LM head would be thrown away
+        return self._logits(self._run(x, pos, mask, past).reshape(b, a, n, -1)[:, :, 1:])
 
     # -- serving ------------------------------------------------------------------------------
     def new_cache(self) -> ContextCache:
@@ -159,6 +163,9 @@ class JetSpecHead(SharedEmbeddingHead):
         ref = self.fc.weight
         past = []
         for layer in range(c.num_layers):
+            if r == 1:                             # nothing to pad: the cache itself, no copy
+                past.append((caches[0].k[layer][None], caches[0].v[layer][None]))
+                continue
             pk = ref.new_zeros((r, c.num_kv_heads, longest, c.head_dim))
             pv = torch.zeros_like(pk)
             for i, x in enumerate(caches):
@@ -170,5 +177,5 @@ class JetSpecHead(SharedEmbeddingHead):
                           self._block_mask(ref.device).expand(r, n, n)], -1)
         pos = lengths[:, None] + torch.arange(n, device=ref.device)
         roots = torch.tensor([x.root for x in caches], dtype=torch.int64, device=ref.device)
-        logits = self._run(self._block_inputs(roots), pos, mask, past)[:, 1:]
+        logits = self._logits(self._run(self._block_inputs(roots), pos, mask, past)[:, 1:])
         return torch.log_softmax(logits, -1, dtype=torch.promote_types(logits.dtype, torch.float32))
