@@ -131,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(ns.threads)
+    hw, sw = hardware_info(), software_info()        # the code that trains, before it runs
+    command = "benchmarks/bench_head_accuracy.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    ns.output.parent.mkdir(parents=True, exist_ok=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in ns.variants:
@@ -139,12 +142,11 @@ def main(argv: list[str] | None = None) -> int:
             acc = " ".join(f"{a:.3f}" for a in row["accuracy"])
             full = " ".join(f"{a:.3f}" for a in row["accuracy_full"])
             print(f"{name:24s} train {row['train_s']:7.1f}s  alpha-k (64 rows) {acc}  (whole) {full}", flush=True)
-    hw = hardware_info()
-    record = {"benchmark": "bench_head_accuracy", "hardware": hw, "software": software_info(),
-              "data": "fixture:head-data (code-lm)", "steps": ns.steps, "rows": rows,
-              "command": "benchmarks/bench_head_accuracy.py " + " ".join(argv if argv is not None else sys.argv[1:])}
-    ns.output.parent.mkdir(parents=True, exist_ok=True)
-    ns.output.write_text(json.dumps(record, indent=2) + "\n")
+            # written after every variant: an hour-long run that stops early keeps what it measured
+            record = {"benchmark": "bench_head_accuracy", "hardware": hw, "software": sw,
+                      "data": "fixture:head-data (code-lm)", "steps": ns.steps, "rows": rows,
+                      "complete": len(rows) == len(ns.variants), "command": command}
+            ns.output.write_text(json.dumps(record, indent=2) + "\n")
     print(ns.output)
     print(plot(rows, ns.output.with_suffix(".png"),
                f"held-out per-depth accuracy, code-lm heads, {ns.steps or 'fixture'} steps, {hardware_line(hw)}"))
