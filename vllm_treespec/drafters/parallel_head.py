@@ -27,7 +27,7 @@ from torch import nn
 from vllm_treespec.drafters.base import DraftInputs, chain_trees
 from vllm_treespec.drafters.heads import DraftHead
 from vllm_treespec.drafters.heads.checkpoint import check_head_dir, load_head
-from vllm_treespec.drafters.lm.loading import resolve_fixture
+from vllm_treespec.drafters.lm.loading import DTYPES, resolve_fixture
 from vllm_treespec.tree import DepthTable, DraftTree, build_tree
 
 __all__ = ["HeadDrafter", "target_embedding"]
@@ -77,7 +77,7 @@ class HeadDrafter:
 
     def load(self, target_model: Any) -> None:
         embed = target_embedding(target_model)
-        dtype = embed.weight.dtype if self.cfg.dtype == "auto" else getattr(torch, self.cfg.dtype)
+        dtype = DTYPES.get(self.cfg.dtype, embed.weight.dtype)      # auto: the served model's
         self.head = load_head(self.path, target_model.config, embed, dtype=dtype, kind=self.cfg.type)
         one = self.head.cache_bytes_per_row() * self.max_model_len
         if one > self.cfg.memory_mb * 2**20:

@@ -161,13 +161,13 @@ def train_head(model_dir: Path, data_dir: Path, out_dir: Path, recipe: Any, *, k
     embed = target_embedding(target)            # shares the target's storage; the rest is freed
     del target
     config_cls, head_cls = HEAD_KINDS[kind]
-    attention = dict(num_heads=tc.num_attention_heads, num_kv_heads=tc.num_key_value_heads,
-                     head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
-                     intermediate_size=tc.intermediate_size, rope_theta=float(getattr(tc, "rope_theta", 1e6)))
+    from_target = dict(num_heads=tc.num_attention_heads, num_kv_heads=tc.num_key_value_heads,
+                       head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
+                       intermediate_size=tc.intermediate_size, rope_theta=float(getattr(tc, "rope_theta", 1e6)))
     config = config_cls(hidden_size=tc.hidden_size, vocab_size=tc.vocab_size,
                         target_num_layers=tc.num_hidden_layers,
                         feature_layers=tuple(manifest["feature_layers"]), depth=depth,
-                        within_block=within_block, **{**attention, **shape})
+                        within_block=within_block, **{**from_target, **shape})
     data = load_shards([data_dir / s for s in manifest["shards"]])
     held = held_out_mask(data.num_sequences)
     torch.manual_seed(recipe.seed)

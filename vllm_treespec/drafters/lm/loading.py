@@ -15,9 +15,10 @@ from vllm_treespec.drafters.lm.base import DraftLM, DraftModelError
 from vllm_treespec.drafters.lm.mamba import SUPPORTED_ARCHITECTURES as MAMBA_ARCHITECTURES
 from vllm_treespec.drafters.lm.transformer import TRANSFORMER_ARCHITECTURES
 
-__all__ = ["DraftModelSpec", "MAMBA_ARCHITECTURES", "resolve_model_dir", "check_draft_model", "load_draft_lm"]
+__all__ = ["DraftModelSpec", "DTYPES", "MAMBA_ARCHITECTURES", "resolve_model_dir", "check_draft_model", "load_draft_lm"]
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# the drafter.dtype names of the config (draft models and heads; "auto" is resolved by each)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _MB = 1 << 20
 
 
@@ -112,9 +113,9 @@ def load_draft_lm(spec: DraftModelSpec, *, served_tokenizer: str | None, max_len
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(str(d))
-    dtype = _DTYPES.get(spec.dtype) or getattr(config, "dtype", None) or torch.float32
+    dtype = DTYPES.get(spec.dtype) or getattr(config, "dtype", None) or torch.float32
     if isinstance(dtype, str):
-        dtype = _DTYPES.get(dtype, torch.float32)
+        dtype = DTYPES.get(dtype, torch.float32)
     elem_ratio = torch.empty((), dtype=dtype).element_size() / 4
     weights_mb = weight_bytes * max(elem_ratio, 0.5) / _MB      # checkpoint size in the serving dtype (approx.)
     mamba = None
