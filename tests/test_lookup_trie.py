@@ -45,7 +45,8 @@ def random_case(rng: np.random.Generator, vocab: int):
     params = dict(min_ngram=int(rng.integers(1, 3)), max_ngram=int(rng.integers(3, 6)),
                   max_matches=int(rng.integers(0, 9)), max_depth=int(rng.integers(1, 12)),
                   k=int(rng.integers(1, 7)), min_context=int(rng.integers(0, 3)),
-                  lookup_weight=float(rng.choice([0.0, 0.3, 0.8, 1.0])), chain=bool(rng.integers(2)))
+                  lookup_weight=float(rng.choice([0.0, 0.3, 0.8, 1.0])), chain=bool(rng.integers(2)),
+                  min_path_prob=float(rng.choice([0.0, 0.0, 0.01, 0.1, 0.5])))
     return buf, np.arange(rows), lens, budgets, params
 
 
@@ -86,6 +87,44 @@ def test_trees_are_prefix_closed(seed):
         for n in range(0, 41, 7):
             for tree, full in zip(native_trees(trie, buf, rows, lens, [n] * len(rows), **params), big):
                 same(tree, full.prefix(min(n, full.num_draft)))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_min_path_prob_cuts_the_unfloored_tree_where_its_paths_get_unlikely(seed):
+    """The floor only stops early: the floored tree is a prefix of the unfloored one, every
+    node's path probability is at least the floor and the next node's (if any) is below it."""
+    rng = np.random.default_rng(200 + seed)
+    vocab = 12
+    streams = [rng.integers(vocab, size=100).tolist() for _ in range(4)]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.trie"
+        build_trie_from_streams(streams, path, order=3, vocab_size=vocab)
+        trie = NgramTrie.load(path)
+        buf, rows, lens, _, params = random_case(rng, vocab)
+        params["chain"] = bool(seed % 2)
+        params["min_path_prob"] = 0.0
+        full = native_trees(trie, buf, rows, lens, [30] * len(rows), **params)
+        for floor in (0.02, 0.2, 0.6):
+            cut = native_trees(trie, buf, rows, lens, [30] * len(rows), **{**params, "min_path_prob": floor})
+            for c, f in zip(cut, full):
+                same(c, f.prefix(c.num_draft))
+                log_floor = np.log(floor)            # scores are stored as float32
+                assert (c.score[1:] >= log_floor - 1e-6).all()
+                if c.num_draft < f.num_draft:
+                    assert f.score[c.num_draft + 1] < log_floor + 1e-6
+
+
+def test_min_path_prob_is_range_checked():
+    with pytest.raises(ConfigError, match=r"drafter.min_path_prob: 1.0 is out of range"):
+        load_config({"drafter": {"type": "lookup_trie", "min_path_prob": 1.0}}, 16)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.trie"
+        build_trie_from_streams([[1, 2, 3, 4] * 5], path, order=2, vocab_size=8)
+        trie = NgramTrie.load(path)
+        kw = dict(min_ngram=1, max_ngram=2, max_matches=2, max_depth=3, k=2, min_context=1,
+                  lookup_weight=0.5, chain=False)
+        with pytest.raises(ValueError, match="min_path_prob"):
+            native_trees(trie, np.zeros((1, 8), np.int32), [0], [4], [3], **kw, min_path_prob=-0.1)
 
 
 def test_lookup_weight_one_follows_the_match_and_zero_is_the_trie_alone():

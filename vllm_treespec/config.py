@@ -91,8 +91,15 @@ class LookupTrieConfig:
         "Trie tokens only if at least this many preceding tokens matched in the trie."))
     online_mb: float = spec(0.0, ge=0.0, le=4096.0, doc=(
         "Memory for the trie's online layer that learns from this deployment's outputs; 0 = off."))
+    min_path_prob: float = spec(0.0, doc=(
+        "Draft only nodes whose path probability (product of the mixture P along the path) is "
+        "at least this, even below the budget: every node is a verify row, so guesses the "
+        "drafter itself rates unlikely are not drafted. 0 = always fill the budget. Range: [0, 1)."))
 
     def validate(self, prefix: str) -> None:
+        if not 0.0 <= self.min_path_prob < 1.0:
+            raise ConfigError(f"{prefix}.min_path_prob: {self.min_path_prob} is out of range; allowed "
+                              "0 <= min_path_prob < 1 (0 = fill the budget)")
         if not 0.0 <= self.lookup_weight <= 1.0:
             raise ConfigError(f"{prefix}.lookup_weight: {self.lookup_weight} is out of range; allowed "
                               "0 <= lookup_weight <= 1")

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <queue>
 
 #include "lookup/lookup_tree.h"
@@ -109,9 +110,13 @@ void propose_lookup_trie_tree(const int32_t* tokens, int64_t n, int64_t budget,
     s.emitted[v] = static_cast<int32_t>(emitted_count()) + 1;
     out->push_back({s.token[v], s.emitted[s.parent[v]], s.depth[v], s.logp[v], s.score[v]});
   };
+  // Scores are sums of log P <= 0; a floor of 0 admits every node (log 0 = -inf).
+  const double floor = params.min_path_prob > 0.0 ? std::log(params.min_path_prob)
+                                                  : -std::numeric_limits<double>::infinity();
   if (params.chain) {
     for (int32_t v = 0; emitted_count() < budget && !s.children(v).empty();) {
       v = s.make_child(v, 0);
+      if (s.score[v] < floor) break;
       emit(v);
     }
     return;
@@ -126,6 +131,7 @@ void propose_lookup_trie_tree(const int32_t* tokens, int64_t n, int64_t budget,
   if (!s.children(0).empty()) heap.push(s.make_child(0, 0));
   while (emitted_count() < budget && !heap.empty()) {
     const int32_t v = heap.top();
+    if (s.score[v] < floor) break;  // every later pop scores lower still
     heap.pop();
     emit(v);
     if (!s.children(v).empty()) heap.push(s.make_child(v, 0));

@@ -17,6 +17,10 @@
 // Best-first with lazy push pops nodes by (score desc, depth asc, sibling-position path asc)
 // and emits them in pop order (parents first; budget n gives the first n nodes of any larger
 // budget). chain = the greedy spine: the best child of each node, depth by depth.
+// min_path_prob > 0 also stops at the first node whose path probability exp(score) is below it
+// (scores only fall in pop order, so the result is still a prefix of the unfloored order): a
+// confident match drafts deep, a guess drafts little, and no verify row is spent on a path the
+// drafter itself rates unlikely.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +37,7 @@ struct LookupTrieParams {
   int k = 4;              // trie continuations per node
   int min_context = 1;    // trie tokens need a matched context of at least this many tokens
   double lookup_weight = 0.8;
+  double min_path_prob = 0.0;  // 0 = fill the budget
   bool chain = false;
 };
 

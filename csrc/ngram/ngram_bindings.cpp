@@ -121,9 +121,11 @@ py::tuple lookup_trie_trees(const Handle& h, const I32Strict& token_ids, const I
                             const I64Strict& lengths, const I64Strict& budgets,
                             const treespec::lookup::LookupTrieParams& prm) {
   if (prm.min_n < 1 || prm.max_n < prm.min_n || prm.max_matches < 0 || prm.max_depth < 1 || prm.k < 1 ||
-      prm.min_context < 0 || !(prm.lookup_weight >= 0.0 && prm.lookup_weight <= 1.0))
+      prm.min_context < 0 || !(prm.lookup_weight >= 0.0 && prm.lookup_weight <= 1.0) ||
+      !(prm.min_path_prob >= 0.0 && prm.min_path_prob < 1.0))
     throw std::invalid_argument("lookup_trie_trees: need 1 <= min_n <= max_n, max_matches >= 0, "
-                                "max_depth >= 1, k >= 1, min_context >= 0, 0 <= lookup_weight <= 1");
+                                "max_depth >= 1, k >= 1, min_context >= 0, 0 <= lookup_weight <= 1, "
+                                "0 <= min_path_prob < 1");
   treespec::lookup::check_request_batch(token_ids, rows, lengths, budgets);
   const int64_t num = rows.size(), max_len = token_ids.shape(1);
   const int64_t* r = rows.data();
@@ -327,14 +329,15 @@ void register_ngram(py::module_& parent) {
       .def("lookup_trie_trees", [](const Handle& h, const I32Strict& token_ids, const I64Strict& rows,
                                    const I64Strict& lengths, const I64Strict& budgets, int min_n, int max_n,
                                    int max_matches, int max_depth, int k, int min_context,
-                                   double lookup_weight, bool chain) {
+                                   double lookup_weight, bool chain, double min_path_prob) {
             treespec::lookup::LookupTrieParams prm;
+            prm.min_path_prob = min_path_prob;
             prm.min_n = min_n, prm.max_n = max_n, prm.max_matches = max_matches, prm.max_depth = max_depth;
             prm.k = k, prm.min_context = min_context, prm.lookup_weight = lookup_weight, prm.chain = chain;
             return lookup_trie_trees(h, token_ids, rows, lengths, budgets, prm);
           }, py::arg("token_ids"), py::arg("rows"), py::arg("lengths"), py::arg("budgets"), py::arg("min_ngram"),
           py::arg("max_ngram"), py::arg("max_matches"), py::arg("max_depth"), py::arg("k"), py::arg("min_context"),
-          py::arg("lookup_weight"), py::arg("chain"),
+          py::arg("lookup_weight"), py::arg("chain"), py::arg("min_path_prob") = 0.0,
           "Prompt-lookup continuations mixed with this trie's, best-first (csrc/lookup/lookup_trie_tree.h).")
       .def("scorer", [](const Handle& h, double floor) {
             return std::make_unique<treespec::tree::TrieNgram>(h.file, h.online, floor);

@@ -7,7 +7,8 @@ only between earlier matches; the trie alone always has a guess but sees two tok
 Per node the children's probabilities are the mixture
 P(c) = lambda * q_lookup(c) + (1 - lambda) * q_trie(c) (lambda = `lookup_weight` where the path
 still follows a match continuation, else 0), and the tree is the `budget` best paths by the
-product of P (lazy best-first; the exact rule is in csrc/lookup/lookup_trie_tree.h).
+product of P (lazy best-first; the exact rule is in csrc/lookup/lookup_trie_tree.h), cut
+where that product falls below `min_path_prob`.
 tree.builder chain drafts the greedy spine of the same mixture. The C++ core reads the engine's
 token buffer directly, batched, without the GIL;
 `lookup_trie_trees_reference` is the same semantics in plain Python, for tests.
@@ -49,7 +50,8 @@ class LookupTrieDrafter:
         self.params = dict(min_ngram=int(config.min_ngram), max_ngram=int(config.max_ngram),
                            max_matches=int(config.max_matches), max_depth=int(self.max_depth),
                            k=int(config.k), min_context=int(config.min_context),
-                           lookup_weight=float(config.lookup_weight))
+                           lookup_weight=float(config.lookup_weight),
+                           min_path_prob=float(config.min_path_prob))
         self.online = bool(config.online_mb)
         if self.online:
             self.trie.enable_online(capacity_mb=float(config.online_mb))
@@ -74,12 +76,14 @@ class LookupTrieDrafter:
 def lookup_trie_trees_reference(token_ids: np.ndarray, rows: Sequence[int], num_tokens: Sequence[int],
                                 budgets: Sequence[int], trie: Any, *, min_ngram: int, max_ngram: int,
                                 max_matches: int, max_depth: int, k: int, min_context: int,
-                                lookup_weight: float, chain: bool) -> list[DraftTree]:
+                                lookup_weight: float, chain: bool,
+                                min_path_prob: float = 0.0) -> list[DraftTree]:
     """Plain-Python `LookupTrieDrafter.propose` (full push instead of lazy push: the same pop
     order, since log P <= 0), over the Python trie API; the tests' oracle."""
     from vllm_treespec.native import native
 
     m = max(1, trie.order - 1)
+    floor = math.log(min_path_prob) if min_path_prob > 0 else -math.inf
     out = []
     for r, n, budget in zip(np.asarray(rows).tolist(), np.asarray(num_tokens).tolist(),
                             np.asarray(budgets).tolist()):
@@ -128,6 +132,8 @@ def lookup_trie_trees_reference(token_ids: np.ndarray, rows: Sequence[int], num_
                     break
                 t, p, match = ch[0]
                 lp = math.log(p)
+                if score + lp < floor:
+                    break
                 score += lp
                 toks.append(t), pars.append(parent), deps.append(len(path) + 1), lps.append(lp), scs.append(score)
                 parent, path = len(toks) - 1, path + (t,)
@@ -142,7 +148,7 @@ def lookup_trie_trees_reference(token_ids: np.ndarray, rows: Sequence[int], num_
                                       out_index, lp))
 
         push_children((), root_match, 0.0, 0, ())
-        while heap and len(toks) - 1 < budget:
+        while heap and len(toks) - 1 < budget and -heap[0][0] >= floor:
             neg, d, pospath, path, cm, parent, lp = heapq.heappop(heap)
             toks.append(path[-1]), pars.append(parent), deps.append(d), lps.append(lp), scs.append(-neg)
             push_children(path, cm, -neg, len(toks) - 1, pospath)
