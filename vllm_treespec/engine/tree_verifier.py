@@ -80,6 +80,10 @@ def _layout(step: TreeStep, include: np.ndarray | None) -> tuple[Any, ...]:
     their trees, or root-only trees for requests without drafts. include: sorted batch rows;
     None = every request (then logit_rows is None: all logits rows, in order, no gather copy)."""
     t = step.trees
+    if include is None and step.num_trees == step.num_reqs:
+        # every request drafted (the usual decode step): the step's trees are the layout
+        # (plan_tree_step lists them in batch order)
+        return t.offsets, t.tokens, t.parents, t.depth, None, step.q_rows
     idx = np.arange(step.num_reqs) if include is None else include
     tree_of = step.tree_of_req[idx]
     tree_sizes = (t.offsets[1:] - t.offsets[:-1]).numpy()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from vllm_treespec.attention.cpu_kv_layout import check_layout, slot_element_offsets
@@ -36,20 +37,21 @@ def accepted_local_moves(offsets: torch.Tensor, accepted_nodes: torch.Tensor
     (``AcceptResult.accepted_nodes``). Slots are the caller's: positions num_computed + i in a
     block table (accepted_slot_moves) or the step's slot mapping of each node row (engine).
     """
-    nodes = torch.as_tensor(accepted_nodes, dtype=torch.int64).cpu()
-    if nodes.dim() != 2:
+    # numpy: a handful of tiny arrays per step, where torch's per-op overhead dominated
+    nodes = np.asarray(torch.as_tensor(accepted_nodes, dtype=torch.int64).cpu())
+    if nodes.ndim != 2:
         raise ValueError(f"accepted_nodes must be [B, W], got {tuple(nodes.shape)}")
     b, w = nodes.shape
-    offsets = torch.as_tensor(offsets, dtype=torch.int64).cpu()
+    offsets = np.asarray(torch.as_tensor(offsets, dtype=torch.int64).cpu())
     sizes = offsets[1:] - offsets[:-1]
-    if sizes.numel() != b:
-        raise ValueError(f"offsets describe {sizes.numel()} requests, accepted_nodes {b}")
+    if sizes.size != b:
+        raise ValueError(f"offsets describe {sizes.size} requests, accepted_nodes {b}")
     taken = nodes >= 0
-    depth = torch.arange(1, w + 1).expand(b, w)
-    if bool((taken & ((nodes < depth) | (nodes >= sizes[:, None]))).any()):
+    depth = np.arange(1, w + 1, dtype=np.int64)
+    if (taken & ((nodes < depth) | (nodes >= sizes[:, None]))).any():
         raise ValueError("accepted node index out of range (need depth j <= i_j < tree size)")
-    move = taken & (nodes != depth)
-    return torch.arange(b)[:, None].expand(b, w)[move], nodes[move], depth[move]
+    req, col = np.nonzero(taken & (nodes != depth))          # row-major: request order, j ascending
+    return torch.from_numpy(req), torch.from_numpy(nodes[req, col]), torch.from_numpy(col + 1)
 
 
 def accepted_slot_moves(offsets: torch.Tensor, accepted_nodes: torch.Tensor,
