@@ -85,6 +85,11 @@ TREE_FAMILIES = {   # --tree-configs name -> (preset or inline config, label)
     "prompt-lookup-tree": ("prompt-lookup-tree", None),
     "lookup-trie": ("lookup-trie", None),
     "lookup-trie-tree": ("lookup-trie-tree", None),
+    # lookup-trie with drafter.min_path_prob: no node whose path the drafter rates below it
+    "lookup-trie-floor": ({"drafter": {"type": "lookup_trie", "min_path_prob": 0.01},
+                           "tree": {"builder": "chain", "max_depth": 16}}, "lookup-trie-p0.01"),
+    "lookup-trie-tree-floor": ({"drafter": {"type": "lookup_trie", "min_path_prob": 0.03},
+                                "tree": {"builder": "best_first", "max_depth": 16}}, "lookup-trie-tree-p0.03"),
     "ngram-trie": ("ngram-trie", None),
     "ngram-trie-tree": ("ngram-trie-tree", None),
     "ngram-trie-beam-dart": ({"drafter": {"type": "ngram_trie"},
