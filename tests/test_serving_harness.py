@@ -229,3 +229,37 @@ def test_bench_serving_refuses_zero_rounds(capsys):
         bench.parse_args(["--rounds", "0"])
     assert "--rounds must be at least 1, got 0" in capsys.readouterr().err
     assert bench.parse_args(["--rounds", "3"]).rounds == 3
+
+
+def _load_script(name: str):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_paired_config_specs():
+    bench = _load_script("bench_paired")
+    assert bench.engine_kwargs("off") == {}
+    assert bench.engine_kwargs("ngram:12")["speculative_config"] == {
+        "method": "ngram", "num_speculative_tokens": 12, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+    tree = bench.engine_kwargs('{"drafter": {"type": "lookup_trie"}}:16')
+    assert tree["speculative_config"] == {"model": "vllm_treespec.TreeProposer", "num_speculative_tokens": 16}
+    assert tree["additional_config"] == {"treespec": {"drafter": {"type": "lookup_trie"}}}
+    assert bench.engine_kwargs("lookup-trie-tree:8")["additional_config"] == {"treespec": "lookup-trie-tree"}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--b", "lookup-trie"], "expected off, ngram:K or TREESPEC:K"),
+    (["--a", "ngram:x"], "expected off, ngram:K or TREESPEC:K"),
+    (["--passes", "0"], "--passes must be at least 1, got 0"),
+])
+def test_bench_paired_refuses_bad_arguments(argv, message, capsys):
+    bench = _load_script("bench_paired")
+    with pytest.raises(SystemExit):
+        bench.parse_args(argv)
+    assert message in capsys.readouterr().err

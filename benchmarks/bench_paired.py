@@ -1,0 +1,143 @@
+"""Paired comparison of two engine configs at one client, robust to this VM's speed drift.
+
+Serving sweeps run one config after another, and the 2-core dev VM's speed drifts by tens of
+percent over minutes (`bench_serving_min_path_prob_code-lm.json`: rounds of one config 51%
+apart), which is more than the differences being measured. Here two offline engines, one per
+config, live in two processes (each engine in-process, `VLLM_ENABLE_V1_MULTIPROCESSING=0`) and
+take turns prompt by prompt, alternating which goes first; only one computes at a time (the
+other blocks on its pipe). Each prompt is timed in both, so drift hits both sides of every pair
+and the ratio of summed times is the paired speedup. Greedy outputs are compared pair by pair.
+
+    .venv/bin/python benchmarks/bench_paired.py                      # vLLM ngram K=12 vs lookup-trie K=16
+    .venv/bin/python benchmarks/bench_paired.py --a ngram:16 --b lookup-trie-tree:8 --passes 3
+    .venv/bin/python benchmarks/bench_paired.py --b '{"drafter": {"type": "lookup_trie"}}:16'
+
+A config is `off`, `ngram:K` (vLLM's ngram, n-gram range 1..4) or `TREESPEC:K`, TREESPEC being
+a preset name, a YAML path or an inline JSON mapping (the `treespec` value of additional_config).
+Writes a JSON record (per-prompt seconds of both sides included) with --output.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def engine_kwargs(spec: str) -> dict[str, Any]:
+    """LLM(...) keyword arguments of one config spec (see the module docstring)."""
+    if spec == "off":
+        return {}
+    name, sep, k = spec.rpartition(":")
+    if not sep or not k.isdigit() or not name:
+        raise ValueError(f"config {spec!r}: expected off, ngram:K or TREESPEC:K (K a positive integer)")
+    if name == "ngram":
+        return {"speculative_config": {"method": "ngram", "num_speculative_tokens": int(k),
+                                       "prompt_lookup_min": 1, "prompt_lookup_max": 4}}
+    treespec: Any = json.loads(name) if name.lstrip().startswith("{") else name
+    return {"speculative_config": {"model": "vllm_treespec.TreeProposer", "num_speculative_tokens": int(k)},
+            "additional_config": {"treespec": treespec}}
+
+
+def _serve(conn: Any, spec: str, model: str, max_tokens: int) -> None:
+    """Child process: one engine; answers (prompt) with (seconds, token ids) until None."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=1024, seed=0,
+              **engine_kwargs(spec))
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    conn.send("ready")
+    while (prompt := conn.recv()) is not None:
+        start = time.perf_counter()
+        out = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+        conn.send((time.perf_counter() - start, list(out)))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--a", default="ngram:12", help="reference config (default: vLLM ngram K=12)")
+    p.add_argument("--b", default='{"drafter": {"type": "lookup_trie", "min_path_prob": 0.01}, '
+                                  '"tree": {"builder": "chain", "max_depth": 16}}:16',
+                   help="compared config (default: lookup-trie chain, floor 0.01, K=16)")
+    p.add_argument("--fixture", default="code-lm")
+    p.add_argument("--num-prompts", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--passes", type=int, default=2, help="times each prompt is run on each side")
+    p.add_argument("--output", type=Path, default=None, help="JSON record path")
+    ns = p.parse_args(argv)
+    for spec in (ns.a, ns.b):
+        try:
+            engine_kwargs(spec)
+        except (ValueError, json.JSONDecodeError) as e:
+            p.error(str(e))
+    if ns.passes < 1:
+        p.error(f"--passes must be at least 1, got {ns.passes}")
+    return ns
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = parse_args(argv)
+    from vllm_treespec.fixtures import build_fixture
+    from vllm_treespec.fixtures.corpus import held_out_prompts
+
+    model = str(build_fixture(ns.fixture))
+    prompts = held_out_prompts(ns.num_prompts, seed=0)
+    ctx = mp.get_context("spawn")
+    sides = []
+    for spec in (ns.a, ns.b):               # started one after the other: never two warm-ups at once
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_serve, args=(child, spec, model, ns.max_tokens), daemon=True)
+        proc.start()
+        if parent.recv() != "ready":
+            raise RuntimeError(f"engine for {spec!r} did not start")
+        sides.append((parent, proc))
+
+    def run(side: int, prompt: str) -> tuple[float, list[int]]:
+        sides[side][0].send(prompt)
+        return sides[side][0].recv()
+
+    for p in prompts[:2]:                   # warm-up, both sides
+        run(0, p), run(1, p)
+    pairs, mismatches = [], 0
+    for i in range(ns.passes * len(prompts)):
+        prompt = prompts[i % len(prompts)]
+        first = i % 2
+        got = {first: run(first, prompt)}
+        got[1 - first] = run(1 - first, prompt)
+        mismatches += got[0][1] != got[1][1]
+        pairs.append({"prompt": i % len(prompts), "a_s": got[0][0], "b_s": got[1][0], "a_first": first == 0})
+    for conn, proc in sides:
+        conn.send(None)
+        proc.join(timeout=60)
+    ta, tb = sum(x["a_s"] for x in pairs), sum(x["b_s"] for x in pairs)
+    tokens = ns.max_tokens * len(pairs)
+    per_pair = [x["a_s"] / x["b_s"] for x in pairs]
+    result = {"a": ns.a, "b": ns.b, "a_tokens_per_s": tokens / ta, "b_tokens_per_s": tokens / tb,
+              "speedup_b_over_a": ta / tb, "pair_ratio_median": statistics.median(per_pair),
+              "pair_ratio_min": min(per_pair), "pair_ratio_max": max(per_pair),
+              "outputs_equal": mismatches == 0, "mismatched_pairs": mismatches}
+    print(f"A {ns.a}: {result['a_tokens_per_s']:.1f} tok/s\nB {ns.b}: {result['b_tokens_per_s']:.1f} tok/s\n"
+          f"B/A = {result['speedup_b_over_a']:.3f} (per-pair median {result['pair_ratio_median']:.3f}, "
+          f"range {result['pair_ratio_min']:.2f}-{result['pair_ratio_max']:.2f}); "
+          f"greedy outputs equal in {len(pairs) - mismatches}/{len(pairs)} pairs")
+    if ns.output is not None:
+        from vllm_treespec.report import git_commit, hardware_info, software_info
+
+        ns.output.write_text(json.dumps({"benchmark": "bench_paired", "hardware": hardware_info(),
+                                         "software": software_info(), "commit": git_commit(),
+                                         "fixture": ns.fixture, "prompts": ns.num_prompts,
+                                         "max_tokens": ns.max_tokens, "passes": ns.passes,
+                                         **result, "pairs": pairs}, indent=1))
+        print(f"wrote {ns.output}")
+    return 0 if mismatches == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
