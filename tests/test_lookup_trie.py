@@ -2,6 +2,7 @@
 config section fails clearly on wrong values."""
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from pathlib import Path
 
@@ -71,17 +72,21 @@ def test_native_trees_equal_the_reference(seed):
             assert (a.depth[1:] <= params["max_depth"]).all()
 
 
-@pytest.mark.parametrize("seed", range(10))
-def test_trees_are_prefix_closed(seed):
-    """vLLM may cut a request's drafts to a prefix: that prefix is the tree for that budget."""
-    rng = np.random.default_rng(100 + seed)
-    vocab = 12
+@contextlib.contextmanager
+def random_trie_case(rng: np.random.Generator, vocab: int = 12):
+    """(trie, buf, rows, lens, params): an order-3 trie of random streams and a random batch."""
     streams = [rng.integers(vocab, size=100).tolist() for _ in range(4)]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "t.trie"
         build_trie_from_streams(streams, path, order=3, vocab_size=vocab)
-        trie = NgramTrie.load(path)
         buf, rows, lens, _, params = random_case(rng, vocab)
+        yield NgramTrie.load(path), buf, rows, lens, params
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_trees_are_prefix_closed(seed):
+    """vLLM may cut a request's drafts to a prefix: that prefix is the tree for that budget."""
+    with random_trie_case(np.random.default_rng(100 + seed)) as (trie, buf, rows, lens, params):
         params["chain"] = False
         big = native_trees(trie, buf, rows, lens, [40] * len(rows), **params)
         for n in range(0, 41, 7):
@@ -93,14 +98,7 @@ def test_trees_are_prefix_closed(seed):
 def test_min_path_prob_cuts_the_unfloored_tree_where_its_paths_get_unlikely(seed):
     """The floor only stops early: the floored tree is a prefix of the unfloored one, every
     node's path probability is at least the floor and the next node's (if any) is below it."""
-    rng = np.random.default_rng(200 + seed)
-    vocab = 12
-    streams = [rng.integers(vocab, size=100).tolist() for _ in range(4)]
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "t.trie"
-        build_trie_from_streams(streams, path, order=3, vocab_size=vocab)
-        trie = NgramTrie.load(path)
-        buf, rows, lens, _, params = random_case(rng, vocab)
+    with random_trie_case(np.random.default_rng(200 + seed)) as (trie, buf, rows, lens, params):
         params["chain"] = bool(seed % 2)
         params["min_path_prob"] = 0.0
         full = native_trees(trie, buf, rows, lens, [30] * len(rows), **params)
