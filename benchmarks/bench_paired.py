@@ -36,12 +36,11 @@ def engine_kwargs(spec: str) -> dict[str, Any]:
     name, sep, k = spec.rpartition(":")
     if not sep or not k.isdigit() or not name:
         raise ValueError(f"config {spec!r}: expected off, ngram:K or TREESPEC:K (K a positive integer)")
+    from vllm_treespec.comparison import ngram_engine_kwargs, treespec_engine_kwargs
+
     if name == "ngram":
-        return {"speculative_config": {"method": "ngram", "num_speculative_tokens": int(k),
-                                       "prompt_lookup_min": 1, "prompt_lookup_max": 4}}
-    treespec: Any = json.loads(name) if name.lstrip().startswith("{") else name
-    return {"speculative_config": {"model": "vllm_treespec.TreeProposer", "num_speculative_tokens": int(k)},
-            "additional_config": {"treespec": treespec}}
+        return ngram_engine_kwargs(int(k))
+    return treespec_engine_kwargs(int(k), json.loads(name) if name.lstrip().startswith("{") else name)
 
 
 def _serve(conn: Any, spec: str, model: str, max_tokens: int) -> None:

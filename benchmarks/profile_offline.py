@@ -26,6 +26,7 @@ def main(argv: list[str]) -> int:
 
     from vllm import LLM, SamplingParams
 
+    from vllm_treespec.comparison import ngram_engine_kwargs, treespec_engine_kwargs
     from vllm_treespec.fixtures import build_fixture
     from vllm_treespec.fixtures.corpus import held_out_prompts
 
@@ -33,11 +34,9 @@ def main(argv: list[str]) -> int:
     k = int(argv[1]) if len(argv) > 1 and argv[1].isdigit() else 8
     kw: dict = {}
     if mode == "ngram":
-        kw["speculative_config"] = {"method": "ngram", "num_speculative_tokens": k,
-                                    "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+        kw = ngram_engine_kwargs(k)
     elif mode != "off":
-        kw["speculative_config"] = {"model": "vllm_treespec.TreeProposer", "num_speculative_tokens": k}
-        kw["additional_config"] = {"treespec": mode}
+        kw = treespec_engine_kwargs(k, mode)
     llm = LLM(model=str(build_fixture("code-lm")), dtype="float32", enforce_eager=True,
               max_model_len=1024, seed=0, **kw)
     prompts = held_out_prompts(16, seed=0)

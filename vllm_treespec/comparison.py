@@ -29,18 +29,30 @@ def no_spec() -> ServeConfig:
     return ServeConfig("off")
 
 
+def ngram_engine_kwargs(k: int, min_n: int = NGRAM_MIN, max_n: int = NGRAM_MAX) -> dict[str, Any]:
+    """`LLM(...)` keyword arguments of vLLM's ngram with `k` tokens (served: `vllm_ngram`)."""
+    return {"speculative_config": {"method": "ngram", "num_speculative_tokens": k,
+                                   "prompt_lookup_min": min_n, "prompt_lookup_max": max_n}}
+
+
+def treespec_engine_kwargs(k: int, preset: str | dict = "prompt-lookup") -> dict[str, Any]:
+    """`LLM(...)` keyword arguments of treespec with `k` speculative tokens and a preset name,
+    YAML path or inline config (served: `treespec`)."""
+    return {"speculative_config": {"model": "vllm_treespec.TreeProposer", "num_speculative_tokens": k},
+            "additional_config": {"treespec": preset}}
+
+
 def vllm_ngram(k: int, min_n: int = NGRAM_MIN, max_n: int = NGRAM_MAX) -> ServeConfig:
-    spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": min_n,
-            "prompt_lookup_max": max_n}
+    spec = ngram_engine_kwargs(k, min_n, max_n)["speculative_config"]
     return ServeConfig(f"vllm-ngram K={k}", ("--speculative-config", json.dumps(spec)))
 
 
 def treespec(k: int, preset: str | dict = "prompt-lookup", label: str | None = None) -> ServeConfig:
     """treespec with `k` speculative tokens (= the node budget) and a preset name or inline config."""
-    spec = {"model": "vllm_treespec.TreeProposer", "num_speculative_tokens": k}
+    kw = treespec_engine_kwargs(k, preset)
     name = label or (preset if isinstance(preset, str) else "inline")
-    return ServeConfig(f"treespec {name} K={k}", ("--speculative-config", json.dumps(spec),
-                                                  "--additional-config", json.dumps({"treespec": preset})))
+    return ServeConfig(f"treespec {name} K={k}", ("--speculative-config", json.dumps(kw["speculative_config"]),
+                                                  "--additional-config", json.dumps(kw["additional_config"])))
 
 
 @dataclass
