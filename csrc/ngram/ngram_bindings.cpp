@@ -331,9 +331,9 @@ void register_ngram(py::module_& parent) {
                                    int max_matches, int max_depth, int k, int min_context,
                                    double lookup_weight, bool chain, double min_path_prob) {
             treespec::lookup::LookupTrieParams prm;
-            prm.min_path_prob = min_path_prob;
             prm.min_n = min_n, prm.max_n = max_n, prm.max_matches = max_matches, prm.max_depth = max_depth;
             prm.k = k, prm.min_context = min_context, prm.lookup_weight = lookup_weight, prm.chain = chain;
+            prm.min_path_prob = min_path_prob;
             return lookup_trie_trees(h, token_ids, rows, lengths, budgets, prm);
           }, py::arg("token_ids"), py::arg("rows"), py::arg("lengths"), py::arg("budgets"), py::arg("min_ngram"),
           py::arg("max_ngram"), py::arg("max_matches"), py::arg("max_depth"), py::arg("k"), py::arg("min_context"),
