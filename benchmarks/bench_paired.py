@@ -14,7 +14,10 @@ and the ratio of summed times is the paired speedup. Greedy outputs are compared
 
 A config is `off`, `ngram:K` (vLLM's ngram, n-gram range 1..4) or `TREESPEC:K`, TREESPEC being
 a preset name, a YAML path or an inline JSON mapping (the `treespec` value of additional_config).
-Writes a JSON record (per-prompt seconds of both sides included) with --output.
+Engine steps are counted per prompt (prefill included: one step per prompt), so the record
+splits the speedup into tokens per step and milliseconds per step, and the step into the
+target model's forward and the rest (scheduling, drafting, verification). Writes a JSON record
+(per-prompt seconds and steps of both sides included) with --output.
 """
 from __future__ import annotations
 
@@ -52,11 +55,32 @@ def _serve(conn: Any, spec: str, model: str, max_tokens: int) -> None:
     llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=1024, seed=0,
               **engine_kwargs(spec))
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    engine, steps, forward = llm.llm_engine, [0], [0.0]
+    engine_step = engine.step
+
+    def counted_step() -> Any:              # one call = one engine step (prefill or decode)
+        steps[0] += 1
+        return engine_step()
+
+    engine.step = counted_step
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    model_forward = GPUModelRunner._model_forward
+
+    def timed_forward(self: Any, *args: Any, **kwargs: Any) -> Any:   # the target model's forward
+        start = time.perf_counter()
+        try:
+            return model_forward(self, *args, **kwargs)
+        finally:
+            forward[0] += time.perf_counter() - start
+
+    GPUModelRunner._model_forward = timed_forward
     conn.send("ready")
     while (prompt := conn.recv()) is not None:
+        steps[0], forward[0] = 0, 0.0
         start = time.perf_counter()
         out = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
-        conn.send((time.perf_counter() - start, list(out)))
+        conn.send((time.perf_counter() - start, list(out), steps[0], forward[0]))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -98,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             raise RuntimeError(f"engine for {spec!r} did not start")
         sides.append((parent, proc))
 
-    def run(side: int, prompt: str) -> tuple[float, list[int]]:
+    def run(side: int, prompt: str) -> tuple[float, list[int], int, float]:
         sides[side][0].send(prompt)
         return sides[side][0].recv()
 
@@ -111,18 +135,31 @@ def main(argv: list[str] | None = None) -> int:
         got = {first: run(first, prompt)}
         got[1 - first] = run(1 - first, prompt)
         mismatches += got[0][1] != got[1][1]
-        pairs.append({"prompt": i % len(prompts), "a_s": got[0][0], "b_s": got[1][0], "a_first": first == 0})
+        pairs.append({"prompt": i % len(prompts), "a_s": got[0][0], "b_s": got[1][0], "a_first": first == 0,
+                      "a_steps": got[0][2], "b_steps": got[1][2],
+                      "a_forward_s": got[0][3], "b_forward_s": got[1][3]})
     for conn, proc in sides:
         conn.send(None)
         proc.join(timeout=60)
     ta, tb = sum(x["a_s"] for x in pairs), sum(x["b_s"] for x in pairs)
     tokens = ns.max_tokens * len(pairs)
     per_pair = [x["a_s"] / x["b_s"] for x in pairs]
+    sa, sb = sum(x["a_steps"] for x in pairs), sum(x["b_steps"] for x in pairs)
     result = {"a": ns.a, "b": ns.b, "a_tokens_per_s": tokens / ta, "b_tokens_per_s": tokens / tb,
               "speedup_b_over_a": ta / tb, "pair_ratio_median": statistics.median(per_pair),
               "pair_ratio_min": min(per_pair), "pair_ratio_max": max(per_pair),
+              # speedup = (tokens per step ratio) x (step time ratio): which of the two moved
+              "a_tokens_per_step": tokens / sa, "b_tokens_per_step": tokens / sb,
+              "a_ms_per_step": 1e3 * ta / sa, "b_ms_per_step": 1e3 * tb / sb,
+              # of which the target model's forward; the rest is scheduling, drafting, sampling
+              "a_forward_ms_per_step": 1e3 * sum(x["a_forward_s"] for x in pairs) / sa,
+              "b_forward_ms_per_step": 1e3 * sum(x["b_forward_s"] for x in pairs) / sb,
               "outputs_equal": mismatches == 0, "mismatched_pairs": mismatches}
-    print(f"A {ns.a}: {result['a_tokens_per_s']:.1f} tok/s\nB {ns.b}: {result['b_tokens_per_s']:.1f} tok/s\n"
+    for side, spec in (("a", ns.a), ("b", ns.b)):
+        print(f"{side.upper()} {spec}: {result[side + '_tokens_per_s']:.1f} tok/s, "
+              f"{result[side + '_tokens_per_step']:.2f} tok/step, {result[side + '_ms_per_step']:.2f} ms/step "
+              f"(forward {result[side + '_forward_ms_per_step']:.2f})")
+    print(
           f"B/A = {result['speedup_b_over_a']:.3f} (per-pair median {result['pair_ratio_median']:.3f}, "
           f"range {result['pair_ratio_min']:.2f}-{result['pair_ratio_max']:.2f}); "
           f"greedy outputs equal in {len(pairs) - mismatches}/{len(pairs)} pairs")

@@ -6,12 +6,14 @@ the code-LM fixture, 16 held-out prompts x 128 tokens at concurrency 1, greedy.
     .venv/bin/python benchmarks/profile_offline.py off
     .venv/bin/python benchmarks/profile_offline.py prompt-lookup-tree 16 --no-profile   # 3 timed passes
     .venv/bin/python benchmarks/profile_offline.py lookup-trie-tree 8 --dump /tmp/ltt8.prof  # keep the stats
+    .venv/bin/python benchmarks/profile_offline.py '{"drafter": {"type": "lookup_trie"}}' 16   # inline config
 
 Prints tokens/s and the treespec / model functions by cumulative time (ms per engine step is
 cumulative / steps); with --no-profile, tokens/s and process CPU seconds of 3 passes.
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -35,8 +37,8 @@ def main(argv: list[str]) -> int:
     kw: dict = {}
     if mode == "ngram":
         kw = ngram_engine_kwargs(k)
-    elif mode != "off":
-        kw = treespec_engine_kwargs(k, mode)
+    elif mode != "off":                                         # preset, YAML path or inline JSON
+        kw = treespec_engine_kwargs(k, json.loads(mode) if mode.lstrip().startswith("{") else mode)
     llm = LLM(model=str(build_fixture("code-lm")), dtype="float32", enforce_eager=True,
               max_model_len=1024, seed=0, **kw)
     prompts = held_out_prompts(16, seed=0)

@@ -318,17 +318,22 @@ class TreeProposer:
         tokens, result = verify_step(step, logits, params, gens, include, base,
                                      coin_rows=self.num_speculative_tokens + 1)
         accepted_at = time.perf_counter()
-        pos = step.req_indices if include is None else np.searchsorted(include, step.req_indices)
-        accepted_nodes = result.accepted_nodes[torch.from_numpy(pos)]
-        accepted_len = (accepted_nodes >= 0).sum(dim=1).numpy()
-        self._last_verified = (step, accepted_nodes.numpy())
+        # numpy from here: a few tiny arrays per step, where torch's per-op cost dominated
+        accepted_nodes = result.accepted_nodes.cpu().numpy()
+        if include is not None or step.num_trees != step.num_reqs:
+            accepted_nodes = accepted_nodes[step.req_indices if include is None
+                                            else np.searchsorted(include, step.req_indices)]
+        accepted_len = (accepted_nodes >= 0).sum(axis=1)
+        self._last_verified = (step, accepted_nodes)
         moved = 0
         compact_start = time.perf_counter()
-        if bool((accepted_len > 0).any()):
+        # K/V move only when a path leaves its tree's first chain, which needs a node off it
+        # (step.attn lists those); chain-shaped steps skip the cache scan altogether
+        if step.attn is not None and bool((accepted_len > 0).any()):
             caches, layout = kv_caches_and_layout(runner)
             moved = compact(step, accepted_nodes, caches, layout)
         compacted = time.perf_counter() - compact_start
-        sizes = (step.trees.offsets[1:] - step.trees.offsets[:-1]).numpy() - 1
+        sizes = step.tree_sizes - 1
         for req_id, a in zip(step.req_ids, accepted_len.tolist()):
             st = self.requests.get(req_id)
             if st is not None:

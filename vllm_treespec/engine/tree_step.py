@@ -47,14 +47,20 @@ class FlatTrees:
 
     @classmethod
     def concat(cls, trees: Sequence[DraftTree]) -> "FlatTrees":
+        return cls.concat_with_sizes(trees)[0]
+
+    @classmethod
+    def concat_with_sizes(cls, trees: Sequence[DraftTree]) -> tuple["FlatTrees", np.ndarray]:
+        """The flat trees and their node counts (int64 [R], numpy: the step plan's other
+        arrays are numpy too)."""
         if not trees:
             z = torch.zeros(0, dtype=torch.int64)
-            return cls(torch.zeros(1, dtype=torch.int64), z, z.clone(), z.clone())
+            return cls(torch.zeros(1, dtype=torch.int64), z, z.clone(), z.clone()), np.zeros(0, dtype=np.int64)
         sizes = np.fromiter((t.num_nodes for t in trees), dtype=np.int64, count=len(trees))
         offsets = np.zeros(len(trees) + 1, dtype=np.int64)
         np.cumsum(sizes, out=offsets[1:])
         cat = lambda name: torch.from_numpy(np.concatenate([getattr(t, name) for t in trees]).astype(np.int64, copy=False))
-        return cls(torch.from_numpy(offsets), cat("tokens"), cat("parents"), cat("depth"))
+        return cls(torch.from_numpy(offsets), cat("tokens"), cat("parents"), cat("depth")), sizes
 
 
 def ancestor_words(offsets: np.ndarray, parents: np.ndarray, depth: np.ndarray) -> np.ndarray:
@@ -107,20 +113,22 @@ class TreeStep:
     trees: FlatTrees             # the R trees (cut to what was scheduled), flat
     node_rows: torch.Tensor      # int64 [T] flat token row of every node
     positions: torch.Tensor      # int64 [T] num_computed + depth
-    slot_mapping: torch.Tensor | None  # int64 [T] KV slot of every node row (set by the runner)
+    slot_mapping: torch.Tensor | None  # int64 [T] KV slot of every node row (set by the runner
+                                       # when attn is not None: only then can compaction move K/V)
     attn: AttentionPlan | None
     max_num_draft: int           # widest scheduled draft in the batch (sampler output width - 1)
     foreign: np.ndarray          # int64 batch rows whose drafts are left to vLLM's rejection sampler
     first_logit: np.ndarray      # int64 [num_reqs] first logits row of each batch request
     tree_of_req: np.ndarray      # int64 [num_reqs] index into the trees, -1 = no tree
     query_start_loc: np.ndarray  # int64 [num_reqs + 1] flat row of each request's first token
+    tree_sizes: np.ndarray       # int64 [R] nodes of each tree (root included)
     q_rows: np.ndarray | None = None    # int64 [T] row of q_probs per tree node (-1 = none)
     q_probs: torch.Tensor | None = None  # float32 [M, V] draft q of sampled trees' expanded nodes
 
     @property
     def logit_rows(self) -> np.ndarray:
         """int64 [T]: row of each tree node in the step's logits."""
-        sizes = (self.trees.offsets[1:] - self.trees.offsets[:-1]).numpy()
+        sizes = self.tree_sizes
         return np.repeat(self.first_logit[self.req_indices], sizes) + local_index(sizes)
 
     @property
@@ -149,7 +157,8 @@ def plan_tree_step(batch_req_ids: Sequence[str], num_scheduled: np.ndarray,
     cut: list[DraftTree] = []
     num_draft = np.zeros(num_reqs, dtype=np.int64)
     foreign: list[int] = []
-    q_index: list[np.ndarray] = []
+    # q row per node of each tree (-1: target-only rule); built only when some tree was sampled
+    q_index: list[np.ndarray | int] = []
     q_parts: list[Any] = []
     q_count = 0
     for i, req_id in enumerate(batch_req_ids):
@@ -164,7 +173,7 @@ def plan_tree_step(batch_req_ids: Sequence[str], num_scheduled: np.ndarray,
             foreign.append(i)
             continue
         tree = trees.get(req_id)
-        rows = np.full(n + 1, -1, dtype=np.int64)      # q row per node; -1: target-only rule
+        rows: np.ndarray | int = n + 1                 # n + 1 rows of -1 unless sampled below
         if tree is None or tree.num_draft < n or tree.tokens[1:n + 1].tolist() != list(drafts):
             # not the tree we drafted: verify as a chain (exact for any tokens)
             root = tree.tokens[0] if tree is not None else 0
@@ -181,8 +190,7 @@ def plan_tree_step(batch_req_ids: Sequence[str], num_scheduled: np.ndarray,
         req_idx.append(i)
         cut.append(tree)
     idx = np.asarray(req_idx, dtype=np.int64)
-    batch = FlatTrees.concat(cut)
-    sizes = (batch.offsets[1:] - batch.offsets[:-1]).numpy()
+    batch, sizes = FlatTrees.concat_with_sizes(cut)
     local = local_index(sizes)
     q_start = np.asarray(query_start_loc, dtype=np.int64)[idx]
     node_rows = np.repeat(q_start, sizes) + local
@@ -200,7 +208,9 @@ def plan_tree_step(batch_req_ids: Sequence[str], num_scheduled: np.ndarray,
         attn=attn, max_num_draft=int(num_draft.max()) if num_reqs else 0,
         foreign=np.asarray(foreign, dtype=np.int64), first_logit=first_logit, tree_of_req=tree_of_req,
         query_start_loc=np.asarray(query_start_loc, dtype=np.int64)[:num_reqs + 1].copy(),
-        q_rows=np.concatenate(q_index) if q_parts else None,
+        tree_sizes=sizes,
+        q_rows=np.concatenate([np.full(r, -1, dtype=np.int64) if isinstance(r, int) else r
+                               for r in q_index]) if q_parts else None,
         q_probs=torch.cat(q_parts) if q_parts else None)
 
 

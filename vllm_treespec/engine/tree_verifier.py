@@ -152,7 +152,8 @@ def verify_step(step: TreeStep, logits: torch.Tensor, params: Sequence[Any],
     return out, result
 
 
-def accepted_moves(step: TreeStep, accepted_nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def accepted_moves(step: TreeStep, accepted_nodes: torch.Tensor | np.ndarray
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """(src_slots, dst_slots) moving each tree request's accepted node i_j to slot of node j.
 
     accepted_nodes: int64 [R, W] local node indices of each tree request's path (-1 padded).
@@ -160,12 +161,14 @@ def accepted_moves(step: TreeStep, accepted_nodes: torch.Tensor) -> tuple[torch.
     req, src, dst = accepted_local_moves(step.trees.offsets, accepted_nodes)
     if req.numel() == 0:
         return src, dst
-    assert step.slot_mapping is not None
+    if step.slot_mapping is None:
+        raise RuntimeError("KV compaction: an accepted path leaves its tree's first chain, but the "
+                           "step has no slot mapping (the plan listed no such nodes)")
     start = step.trees.offsets[req]
     return step.slot_mapping[start + src], step.slot_mapping[start + dst]
 
 
-def compact(step: TreeStep, accepted_nodes: torch.Tensor, kv_caches: Sequence[torch.Tensor],
+def compact(step: TreeStep, accepted_nodes: torch.Tensor | np.ndarray, kv_caches: Sequence[torch.Tensor],
             layout: str) -> int:
     """Move accepted K/V into chain order in every layer; returns the number of slots moved."""
     src, dst = accepted_moves(step, accepted_nodes)
