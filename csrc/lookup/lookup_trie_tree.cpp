@@ -29,9 +29,6 @@ struct Search {
   std::vector<std::vector<int32_t>> pospath;
   std::vector<std::vector<Child>> kids;  // sorted children, computed on first use
   std::vector<bool> has_kids;
-  std::vector<int32_t> cand_buf;
-  std::vector<double> prob_buf;
-  std::vector<int8_t> order_buf;
 
   Search(const int32_t* t, int64_t n, const LookupTrieParams& p, const ngram::TrieFile& tr,
          const ngram::OnlineCounts* on)
@@ -63,19 +60,15 @@ struct Search {
       for (int32_t c = matches[mv].first_child; c >= 0; c = matches[c].next_sibling)
         out.push_back({matches[c].token, 0.0 + lambda * (matches[c].weight / w), c});
     }
-    const std::vector<ngram::Scored> top = trie.topk(cursor[v], prm.k, online);
-    const int64_t kk = static_cast<int64_t>(top.size());
-    if (kk > 0) {
-      cand_buf.resize(kk), prob_buf.resize(kk), order_buf.resize(kk);
-      for (int64_t i = 0; i < kk; ++i) cand_buf[i] = top[i].token;
-      trie.prob(cursor[v], cand_buf.data(), kk, 0.0, online, prob_buf.data(), order_buf.data());
-      for (int64_t i = 0; i < kk; ++i) {
-        if (prm.min_context > 0 && order_buf[i] < prm.min_context) continue;
-        const double q = (1.0 - lambda) * top[i].prob;
-        auto it = std::find_if(out.begin(), out.end(), [&](const Child& c) { return c.token == top[i].token; });
-        if (it != out.end()) it->p += q;
-        else out.push_back({top[i].token, 0.0 + q, -1});
-      }
+    // Each top-k entry carries the suffix length that scored it (what prob() would report as
+    // its order), so min_context needs no second lookup: after a forward pass the trie is
+    // cache-cold and every lookup is a string of misses.
+    for (const ngram::Scored& s : trie.topk(cursor[v], prm.k, online)) {
+      if (prm.min_context > 0 && s.order < prm.min_context) continue;
+      const double q = (1.0 - lambda) * s.prob;
+      auto it = std::find_if(out.begin(), out.end(), [&](const Child& c) { return c.token == s.token; });
+      if (it != out.end()) it->p += q;
+      else out.push_back({s.token, 0.0 + q, -1});
     }
     out.erase(std::remove_if(out.begin(), out.end(), [](const Child& c) { return !(c.p > 0.0); }), out.end());
     std::sort(out.begin(), out.end(), [](const Child& a, const Child& b) {

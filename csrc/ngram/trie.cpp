@@ -600,7 +600,7 @@ void TrieFile::topk_level(const Levels& lv, int L, const OnlineCounts* online, i
       const uint32_t ch = !lv.has_node[L] ? kNoNode : L == 0 ? unigram(tok[e]) : lookup_one(lv, L, tok[e]);
       const double cs = ch != kNoNode ? static_cast<double>(counts_[ch]) : 0.0;
       const double score = (cs + lv.weight * static_cast<double>(slot->counts[e])) / denom;
-      if (score > 0.0) heap_offer(heap, k, {tok[e], score});
+      if (score > 0.0) heap_offer(heap, k, {tok[e], score, static_cast<int8_t>(L)});
     }
   }
   if (!lv.has_node[L]) return;
@@ -617,13 +617,13 @@ void TrieFile::topk_level(const Levels& lv, int L, const OnlineCounts* online, i
     for (int j = 0; j < n; ++j) tok[j] = tokens_[ids[j]];
     mark_seen_above(lv, L, online, tok, n, seen);
     for (int j = 0; j < n; ++j)
-      if (!seen[j]) heap_offer(heap, k, {tok[j], static_cast<double>(counts_[ids[j]]) / denom});
+      if (!seen[j]) heap_offer(heap, k, {tok[j], static_cast<double>(counts_[ids[j]]) / denom, static_cast<int8_t>(L)});
     n = 0;
   };
   // Buffers one child; false tells an ordered scan that no later child can enter the top k
   // (the heap only improves while buffered children wait, so stopping on it is safe).
   auto take = [&](uint32_t ch, bool ordered) -> bool {
-    const Scored s{tokens_[ch], static_cast<double>(counts_[ch]) / denom};
+    const Scored s{tokens_[ch], static_cast<double>(counts_[ch]) / denom, static_cast<int8_t>(L)};
     if (static_cast<int64_t>(heap.size()) >= k && !better(s, heap.front())) return !ordered;
     if (slot && slot->count_of(s.token) > 0) return true;  // scored above with its online count
     ids[n++] = ch;

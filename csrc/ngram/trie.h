@@ -45,6 +45,7 @@ static_assert(sizeof(Cursor) == 64, "Cursor is a 64-byte value");
 struct Scored {
   int32_t token;
   double prob;
+  int8_t order = -1;  // suffix length whose count scored it (prob()'s `orders`)
 };
 
 class TrieFile {
