@@ -16,7 +16,8 @@ A config is `off`, `ngram:K` (vLLM's ngram, n-gram range 1..4) or `TREESPEC:K`, 
 a preset name, a YAML path or an inline JSON mapping (the `treespec` value of additional_config).
 Engine steps are counted per prompt (prefill included: one step per prompt), so the record
 splits the speedup into tokens per step and milliseconds per step, and the step into the
-target model's forward and the rest (scheduling, drafting, verification). Writes a JSON record
+target model's forward and the rest (scheduling, drafting, verification); forward calls are
+also binned by their query rows (what each extra verified row costs). Writes a JSON record
 (per-prompt seconds and steps of both sides included) with --output.
 """
 from __future__ import annotations
@@ -56,6 +57,7 @@ def _serve(conn: Any, spec: str, model: str, max_tokens: int) -> None:
               **engine_kwargs(spec))
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     engine, steps, forward = llm.llm_engine, [0], [0.0]
+    by_rows: dict[int, list[float]] = {}    # forward calls by query rows: [count, seconds]
     engine_step = engine.step
 
     def counted_step() -> Any:              # one call = one engine step (prefill or decode)
@@ -67,20 +69,30 @@ def _serve(conn: Any, spec: str, model: str, max_tokens: int) -> None:
 
     model_forward = GPUModelRunner._model_forward
 
-    def timed_forward(self: Any, *args: Any, **kwargs: Any) -> Any:   # the target model's forward
-        start = time.perf_counter()
+    def timed_forward(self: Any, input_ids: Any = None, positions: Any = None, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()             # the target model's forward
         try:
-            return model_forward(self, *args, **kwargs)
+            return model_forward(self, input_ids, positions, *args, **kwargs)
         finally:
-            forward[0] += time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            forward[0] += seconds
+            if measuring[0]:
+                entry = by_rows.setdefault(int(positions.shape[0]) if positions is not None else -1, [0, 0.0])
+                entry[0] += 1
+                entry[1] += seconds
 
     GPUModelRunner._model_forward = timed_forward
+    measuring = [False]
     conn.send("ready")
     while (prompt := conn.recv()) is not None:
+        if prompt == "measure":                 # warm-up done: count forwards by rows from now on
+            measuring[0] = True
+            continue
         steps[0], forward[0] = 0, 0.0
         start = time.perf_counter()
         out = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
         conn.send((time.perf_counter() - start, list(out), steps[0], forward[0]))
+    conn.send({rows: (n, seconds) for rows, (n, seconds) in sorted(by_rows.items())})
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -128,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
 
     for p in prompts[:2]:                   # warm-up, both sides
         run(0, p), run(1, p)
+    for conn, _ in sides:
+        conn.send("measure")
     pairs, mismatches = [], 0
     for i in range(ns.passes * len(prompts)):
         prompt = prompts[i % len(prompts)]
@@ -138,8 +152,10 @@ def main(argv: list[str] | None = None) -> int:
         pairs.append({"prompt": i % len(prompts), "a_s": got[0][0], "b_s": got[1][0], "a_first": first == 0,
                       "a_steps": got[0][2], "b_steps": got[1][2],
                       "a_forward_s": got[0][3], "b_forward_s": got[1][3]})
+    forward_by_rows = []
     for conn, proc in sides:
         conn.send(None)
+        forward_by_rows.append(conn.recv())
         proc.join(timeout=60)
     ta, tb = sum(x["a_s"] for x in pairs), sum(x["b_s"] for x in pairs)
     tokens = ns.max_tokens * len(pairs)
@@ -154,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
               # of which the target model's forward; the rest is scheduling, drafting, sampling
               "a_forward_ms_per_step": 1e3 * sum(x["a_forward_s"] for x in pairs) / sa,
               "b_forward_ms_per_step": 1e3 * sum(x["b_forward_s"] for x in pairs) / sb,
+              # forward calls by query rows (1 = a step without drafts; large = prefills):
+              # {rows: [calls, mean ms]}
+              "a_forward_by_rows": {r: [n, 1e3 * t / n] for r, (n, t) in forward_by_rows[0].items()},
+              "b_forward_by_rows": {r: [n, 1e3 * t / n] for r, (n, t) in forward_by_rows[1].items()},
               "outputs_equal": mismatches == 0, "mismatched_pairs": mismatches}
     for side, spec in (("a", ns.a), ("b", ns.b)):
         print(f"{side.upper()} {spec}: {result[side + '_tokens_per_s']:.1f} tok/s, "
