@@ -34,10 +34,10 @@ DRAFTER = "lookup-trie-tree"      # the best treespec drafter on the code-LM fix
 
 def configs(num_spec: int) -> dict[str, tuple[str, ...]]:
     """name -> extra `serve` flags."""
+    from vllm_treespec.comparison import treespec
+
     def ts(budget: dict[str, Any], k: int = num_spec) -> tuple[str, ...]:
-        spec = {"model": "vllm_treespec.TreeProposer", "num_speculative_tokens": k}
-        return ("--speculative-config", json.dumps(spec), "--additional-config",
-                json.dumps({"treespec": _preset_with_budget(DRAFTER, budget)}))
+        return treespec(k, _preset_with_budget(DRAFTER, budget)).args
     out: dict[str, tuple[str, ...]] = {"off": ()}
     for k in (4, 8, 16):
         if k <= num_spec:

@@ -188,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     from vllm_treespec.fixtures import build_fixture
     from vllm_treespec.fixtures.corpus import held_out_prompts
     from vllm_treespec.report import hardware_info, software_info
+    from vllm_treespec.comparison import treespec
     from vllm_treespec.serving import serve
 
     ns = parse_args(argv)
@@ -196,9 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     spot_prompts = held_out_prompts(4, prompt_chars=400, seed=99)
     print("[soak] reference outputs with speculation off ...", flush=True)
     spot = list(zip(spot_prompts, reference_outputs(model, spot_prompts, 48)))
-    spec = {"model": "vllm_treespec.TreeProposer", "num_speculative_tokens": ns.num_speculative_tokens}
     args = ("--max-num-seqs", str(ns.max_num_seqs), "--max-model-len", str(MAX_MODEL_LEN),
-            "--speculative-config", json.dumps(spec), "--additional-config", json.dumps({"treespec": ns.preset}))
+            *treespec(ns.num_speculative_tokens, ns.preset).args)
     samples: list[dict[str, float]] = []
     crashed = None
     with serve(model, args) as server:
