@@ -106,6 +106,30 @@ def test_verify_mixed_mode_overwrites_only_tree_rows():
         verify_step(step, logits, _greedy_params(1), [None], include=np.array([0]), base=base[:, :2])
 
 
+def test_chain_shaped_steps_need_no_position_rewrite_or_slots():
+    """The `_prepare_inputs` patch rewrites positions and gathers slots only when `attn` lists
+    off-chain nodes: for chain-shaped steps positions equal vLLM's num_computed + index and no
+    accepted path can move K/V, so compaction works without a slot mapping."""
+    step = _plan(trees={"a": DraftTree.chain(7, [4, 5, 6]), "c": DraftTree.chain(9, [1, 2])},
+                 drafts={"a": [4, 5, 6], "c": [1, 2]})
+    assert step.attn is None and step.slot_mapping is None
+    assert step.tree_sizes.tolist() == [4, 3]
+    vllm_positions = np.concatenate([10 + np.arange(4), 30 + np.arange(3)])
+    assert step.positions.tolist() == vllm_positions.tolist()
+    logits = _logits_choosing(8, {0: 4, 1: 5, 2: 6, 3: 8, 4: 3, 5: 1, 6: 7})
+    _, res = verify_step(step, logits, _greedy_params(3), [None] * 3, include=None, base=None)
+    accepted = res.accepted_nodes.numpy()[step.req_indices]
+    src, dst = accepted_moves(step, accepted)                 # full chain accepted: no moves
+    assert src.numel() == 0 and dst.numel() == 0
+
+
+def test_moves_without_slot_mapping_are_refused():
+    step = _plan()                                            # branching: attn lists nodes 2, 3
+    accepted = np.array([[2, 3, -1]])                         # path leaves the first chain
+    with pytest.raises(RuntimeError, match="slot mapping"):
+        accepted_moves(step, accepted)
+
+
 def test_sampled_requests_use_their_generators():
     from vllm import SamplingParams
 
