@@ -8,7 +8,9 @@ Why each exists:
   proposer frees their per-request state there.
 - `_prepare_inputs`: after vLLM computed positions and slots, match the scheduled drafts to our
   trees, rewrite tree rows' positions to num_computed + depth (slots stay contiguous) and
-  publish the step's tree plan for the attention backend (engine/tree_step.py).
+  publish the step's tree plan for the attention backend (engine/tree_step.py). Steps whose
+  nodes all lie on their tree's first chain keep vLLM's positions (they are equal) and skip the
+  slot gather (compaction cannot move anything there).
 - `_sample`: tree acceptance and KV compaction instead of the linear rejection sampler
   (engine/tree_verifier.py); the plan is withdrawn afterwards.
 - `compile_or_warm_up_model` (CPU worker and CUDA worker; the CPU one overrides the CUDA one):
