@@ -40,11 +40,11 @@ def engine_kwargs(spec: str) -> dict[str, Any]:
     name, sep, k = spec.rpartition(":")
     if not sep or not k.isdigit() or not name:
         raise ValueError(f"config {spec!r}: expected off, ngram:K or TREESPEC:K (K a positive integer)")
-    from vllm_treespec.comparison import ngram_engine_kwargs, treespec_engine_kwargs
+    from vllm_treespec.comparison import ngram_engine_kwargs, treespec_engine_kwargs, treespec_value
 
     if name == "ngram":
         return ngram_engine_kwargs(int(k))
-    return treespec_engine_kwargs(int(k), json.loads(name) if name.lstrip().startswith("{") else name)
+    return treespec_engine_kwargs(int(k), treespec_value(name))
 
 
 def _serve(conn: Any, spec: str, model: str, max_tokens: int) -> None:
@@ -58,6 +58,7 @@ def _serve(conn: Any, spec: str, model: str, max_tokens: int) -> None:
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     engine, steps, forward = llm.llm_engine, [0], [0.0]
     by_rows: dict[int, list[float]] = {}    # forward calls by query rows: [count, seconds]
+    measuring = [False]                     # set once both sides are warm
     engine_step = engine.step
 
     def counted_step() -> Any:              # one call = one engine step (prefill or decode)
@@ -82,7 +83,6 @@ def _serve(conn: Any, spec: str, model: str, max_tokens: int) -> None:
                 entry[1] += seconds
 
     GPUModelRunner._model_forward = timed_forward
-    measuring = [False]
     conn.send("ready")
     while (prompt := conn.recv()) is not None:
         if prompt == "measure":                 # warm-up done: count forwards by rows from now on

@@ -13,7 +13,6 @@ cumulative / steps); with --no-profile, tokens/s and process CPU seconds of 3 pa
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -28,7 +27,7 @@ def main(argv: list[str]) -> int:
 
     from vllm import LLM, SamplingParams
 
-    from vllm_treespec.comparison import ngram_engine_kwargs, treespec_engine_kwargs
+    from vllm_treespec.comparison import ngram_engine_kwargs, treespec_engine_kwargs, treespec_value
     from vllm_treespec.fixtures import build_fixture
     from vllm_treespec.fixtures.corpus import held_out_prompts
 
@@ -38,7 +37,7 @@ def main(argv: list[str]) -> int:
     if mode == "ngram":
         kw = ngram_engine_kwargs(k)
     elif mode != "off":                                         # preset, YAML path or inline JSON
-        kw = treespec_engine_kwargs(k, json.loads(mode) if mode.lstrip().startswith("{") else mode)
+        kw = treespec_engine_kwargs(k, treespec_value(mode))
     llm = LLM(model=str(build_fixture("code-lm")), dtype="float32", enforce_eager=True,
               max_model_len=1024, seed=0, **kw)
     prompts = held_out_prompts(16, seed=0)

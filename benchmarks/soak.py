@@ -185,10 +185,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from vllm_treespec.comparison import treespec
     from vllm_treespec.fixtures import build_fixture
     from vllm_treespec.fixtures.corpus import held_out_prompts
     from vllm_treespec.report import hardware_info, software_info
-    from vllm_treespec.comparison import treespec
     from vllm_treespec.serving import serve
 
     ns = parse_args(argv)

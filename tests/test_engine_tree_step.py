@@ -112,7 +112,7 @@ def test_chain_shaped_steps_need_no_position_rewrite_or_slots():
     accepted path can move K/V, so compaction works without a slot mapping."""
     step = _plan(trees={"a": DraftTree.chain(7, [4, 5, 6]), "c": DraftTree.chain(9, [1, 2])},
                  drafts={"a": [4, 5, 6], "c": [1, 2]})
-    assert step.attn is None and step.slot_mapping is None
+    assert step.chain_shaped and step.attn is None and step.slot_mapping is None
     assert step.tree_sizes.tolist() == [4, 3]
     vllm_positions = np.concatenate([10 + np.arange(4), 30 + np.arange(3)])
     assert step.positions.tolist() == vllm_positions.tolist()
@@ -125,6 +125,7 @@ def test_chain_shaped_steps_need_no_position_rewrite_or_slots():
 
 def test_moves_without_slot_mapping_are_refused():
     step = _plan()                                            # branching: attn lists nodes 2, 3
+    assert not step.chain_shaped
     accepted = np.array([[2, 3, -1]])                         # path leaves the first chain
     with pytest.raises(RuntimeError, match="slot mapping"):
         accepted_moves(step, accepted)

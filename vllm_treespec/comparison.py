@@ -42,6 +42,12 @@ def treespec_engine_kwargs(k: int, preset: str | dict = "prompt-lookup") -> dict
             "additional_config": {"treespec": preset}}
 
 
+def treespec_value(text: str) -> str | dict:
+    """A `treespec` value given as text on a command line: inline JSON when it starts with "{",
+    else a preset name or YAML path (passed on as is)."""
+    return json.loads(text) if text.lstrip().startswith("{") else text
+
+
 def vllm_ngram(k: int, min_n: int = NGRAM_MIN, max_n: int = NGRAM_MAX) -> ServeConfig:
     spec = ngram_engine_kwargs(k, min_n, max_n)["speculative_config"]
     return ServeConfig(f"vllm-ngram K={k}", ("--speculative-config", json.dumps(spec)))

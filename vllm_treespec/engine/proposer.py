@@ -327,9 +327,8 @@ class TreeProposer:
         self._last_verified = (step, accepted_nodes)
         moved = 0
         compact_start = time.perf_counter()
-        # K/V move only when a path leaves its tree's first chain, which needs a node off it
-        # (step.attn lists those); chain-shaped steps skip the cache scan altogether
-        if step.attn is not None and bool((accepted_len > 0).any()):
+        # chain-shaped steps cannot move K/V (TreeStep.chain_shaped): no cache scan at all
+        if not step.chain_shaped and bool((accepted_len > 0).any()):
             caches, layout = kv_caches_and_layout(runner)
             moved = compact(step, accepted_nodes, caches, layout)
         compacted = time.perf_counter() - compact_start

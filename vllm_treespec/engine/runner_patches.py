@@ -80,10 +80,7 @@ def _wrap_prepare_inputs(original: Callable[..., Any]) -> Callable[..., Any]:
             list(self.input_batch.req_ids)[:num_reqs], num_scheduled_tokens,
             scheduler_output.scheduled_spec_decode_tokens, self.query_start_loc.np[:num_reqs + 1],
             self.input_batch.num_computed_tokens_cpu[:num_reqs])
-        if step.attn is not None:
-            # some node is off its tree's first chain (depth != index): its position differs
-            # from vLLM's num_computed + index, and an accepted path through it moves K/V.
-            # Chain-shaped steps need neither (positions equal, compaction never moves).
+        if not step.chain_shaped:       # see TreeStep.chain_shaped
             self.positions[step.node_rows.to(self.positions.device)] = step.positions.to(self.positions.device)
             step.slot_mapping = step_slot_mapping(self, step.node_rows)
         set_current_step(step)

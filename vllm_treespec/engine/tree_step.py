@@ -47,20 +47,14 @@ class FlatTrees:
 
     @classmethod
     def concat(cls, trees: Sequence[DraftTree]) -> "FlatTrees":
-        return cls.concat_with_sizes(trees)[0]
-
-    @classmethod
-    def concat_with_sizes(cls, trees: Sequence[DraftTree]) -> tuple["FlatTrees", np.ndarray]:
-        """The flat trees and their node counts (int64 [R], numpy: the step plan's other
-        arrays are numpy too)."""
         if not trees:
             z = torch.zeros(0, dtype=torch.int64)
-            return cls(torch.zeros(1, dtype=torch.int64), z, z.clone(), z.clone()), np.zeros(0, dtype=np.int64)
+            return cls(torch.zeros(1, dtype=torch.int64), z, z.clone(), z.clone())
         sizes = np.fromiter((t.num_nodes for t in trees), dtype=np.int64, count=len(trees))
         offsets = np.zeros(len(trees) + 1, dtype=np.int64)
         np.cumsum(sizes, out=offsets[1:])
         cat = lambda name: torch.from_numpy(np.concatenate([getattr(t, name) for t in trees]).astype(np.int64, copy=False))
-        return cls(torch.from_numpy(offsets), cat("tokens"), cat("parents"), cat("depth")), sizes
+        return cls(torch.from_numpy(offsets), cat("tokens"), cat("parents"), cat("depth"))
 
 
 def ancestor_words(offsets: np.ndarray, parents: np.ndarray, depth: np.ndarray) -> np.ndarray:
@@ -114,7 +108,7 @@ class TreeStep:
     node_rows: torch.Tensor      # int64 [T] flat token row of every node
     positions: torch.Tensor      # int64 [T] num_computed + depth
     slot_mapping: torch.Tensor | None  # int64 [T] KV slot of every node row (set by the runner
-                                       # when attn is not None: only then can compaction move K/V)
+                                       # unless chain_shaped: only then can compaction move K/V)
     attn: AttentionPlan | None
     max_num_draft: int           # widest scheduled draft in the batch (sampler output width - 1)
     foreign: np.ndarray          # int64 batch rows whose drafts are left to vLLM's rejection sampler
@@ -130,6 +124,14 @@ class TreeStep:
         """int64 [T]: row of each tree node in the step's logits."""
         sizes = self.tree_sizes
         return np.repeat(self.first_logit[self.req_indices], sizes) + local_index(sizes)
+
+    @property
+    def chain_shaped(self) -> bool:
+        """Every node lies on its tree's first chain (depth == index; `attn` lists none off it).
+        Then the nodes' positions num_computed + depth equal vLLM's num_computed + index, and no
+        accepted path can leave that chain, so compaction moves nothing: such steps need
+        neither the position rewrite nor the slot mapping."""
+        return self.attn is None
 
     @property
     def has_foreign_drafts(self) -> bool:
@@ -157,8 +159,8 @@ def plan_tree_step(batch_req_ids: Sequence[str], num_scheduled: np.ndarray,
     cut: list[DraftTree] = []
     num_draft = np.zeros(num_reqs, dtype=np.int64)
     foreign: list[int] = []
-    # q row per node of each tree (-1: target-only rule); built only when some tree was sampled
-    q_index: list[np.ndarray | int] = []
+    # (tree, q row of each of its nodes) of the trees drawn from a drafter's q; other nodes -1
+    q_index: list[tuple[int, np.ndarray]] = []
     q_parts: list[Any] = []
     q_count = 0
     for i, req_id in enumerate(batch_req_ids):
@@ -173,7 +175,6 @@ def plan_tree_step(batch_req_ids: Sequence[str], num_scheduled: np.ndarray,
             foreign.append(i)
             continue
         tree = trees.get(req_id)
-        rows: np.ndarray | int = n + 1                 # n + 1 rows of -1 unless sampled below
         if tree is None or tree.num_draft < n or tree.tokens[1:n + 1].tolist() != list(drafts):
             # not the tree we drafted: verify as a chain (exact for any tokens)
             root = tree.tokens[0] if tree is not None else 0
@@ -183,14 +184,14 @@ def plan_tree_step(batch_req_ids: Sequence[str], num_scheduled: np.ndarray,
             dp = draft_probs.get(req_id) if draft_probs else None
             if dp is not None:
                 local = dp.node_rows[:n + 1]
-                rows = np.where(local >= 0, local + q_count, -1)
+                q_index.append((len(cut), np.where(local >= 0, local + q_count, -1)))
                 q_parts.append(dp.probs)
                 q_count += int(dp.probs.shape[0])
-        q_index.append(rows)
         req_idx.append(i)
         cut.append(tree)
     idx = np.asarray(req_idx, dtype=np.int64)
-    batch, sizes = FlatTrees.concat_with_sizes(cut)
+    batch = FlatTrees.concat(cut)
+    sizes = np.diff(batch.offsets.numpy())      # numpy view of the offsets: no torch ops
     local = local_index(sizes)
     q_start = np.asarray(query_start_loc, dtype=np.int64)[idx]
     node_rows = np.repeat(q_start, sizes) + local
@@ -208,10 +209,18 @@ def plan_tree_step(batch_req_ids: Sequence[str], num_scheduled: np.ndarray,
         attn=attn, max_num_draft=int(num_draft.max()) if num_reqs else 0,
         foreign=np.asarray(foreign, dtype=np.int64), first_logit=first_logit, tree_of_req=tree_of_req,
         query_start_loc=np.asarray(query_start_loc, dtype=np.int64)[:num_reqs + 1].copy(),
-        tree_sizes=sizes,
-        q_rows=np.concatenate([np.full(r, -1, dtype=np.int64) if isinstance(r, int) else r
-                               for r in q_index]) if q_parts else None,
+        tree_sizes=sizes, q_rows=_q_rows(q_index, batch.offsets.numpy()),
         q_probs=torch.cat(q_parts) if q_parts else None)
+
+
+def _q_rows(sampled: list[tuple[int, np.ndarray]], offsets: np.ndarray) -> np.ndarray | None:
+    """int64 [T]: q row of every node (-1: target-only rule); None when no tree was sampled."""
+    if not sampled:
+        return None
+    rows = np.full(int(offsets[-1]), -1, dtype=np.int64)
+    for tree, local in sampled:
+        rows[offsets[tree]:offsets[tree] + local.size] = local
+    return rows
 
 
 def _attention_plan(idx: np.ndarray, batch: FlatTrees, local: np.ndarray, node_rows: np.ndarray,

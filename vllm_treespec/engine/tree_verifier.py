@@ -163,7 +163,7 @@ def accepted_moves(step: TreeStep, accepted_nodes: torch.Tensor | np.ndarray
         return src, dst
     if step.slot_mapping is None:
         raise RuntimeError("KV compaction: an accepted path leaves its tree's first chain, but the "
-                           "step has no slot mapping (the plan listed no such nodes)")
+                           "step has no slot mapping (its plan was chain-shaped)")
     start = step.trees.offsets[req]
     return step.slot_mapping[start + src], step.slot_mapping[start + dst]
 
