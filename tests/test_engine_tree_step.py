@@ -269,3 +269,28 @@ def test_verify_uses_rrs_exactly_when_sampled_nodes_have_q(monkeypatch):
     assert calls.pop()["mode"] == "target_only"                         # top-k trees: no q rows
     verify_step(step, logits, _greedy_params(3), [None] * 3, include=None, base=None)
     assert not calls                                                    # all greedy: the C++ walk
+
+
+def test_one_request_step_matches_its_plan_inside_a_batch():
+    """One request per step takes the no-concatenation paths; its plan is the batched one's."""
+    alone = plan_tree_step(["a"], np.array([4]), {"a": [4, 5, 6]}, {"a": TREE}, np.array([0, 4]),
+                           np.array([10]))
+    batched = _plan()
+    assert alone.trees.tokens.tolist() == batched.trees.tokens.tolist() == TREE.tokens.tolist()
+    assert alone.trees.offsets.tolist() == [0, 4]
+    assert alone.node_rows.tolist() == batched.node_rows.tolist() == [0, 1, 2, 3]
+    assert alone.positions.tolist() == batched.positions.tolist() == [10, 11, 11, 12]
+    assert alone.attn.rows.tolist() == batched.attn.rows.tolist() == [2, 3]
+    assert np.array_equal(alone.attn.anc_mask.numpy(), batched.attn.anc_mask.numpy())
+    assert alone.logit_rows.tolist() == [0, 1, 2, 3] and alone.max_num_draft == 3
+
+
+def test_step_keeps_its_own_copy_of_the_runner_arrays():
+    """The runner reuses its query_start_loc buffer next step; the plan read by sampling and by
+    target-state drafters must not change under it."""
+    qsl = np.array([0, 4, 5, 6])
+    step = plan_tree_step(["a", "b", "c"], np.array([4, 1, 1]), {"a": [4, 5, 6]}, {"a": TREE}, qsl,
+                          np.array([10, 20, 30]))
+    qsl[:] = 99
+    assert step.query_start_loc.tolist() == [0, 4, 5, 6]
+    assert step.node_rows.tolist() == [0, 1, 2, 3]

@@ -73,6 +73,13 @@ def test_every_prefix_is_a_valid_tree(seed, n, data):
     assert np.array_equal(fresh.anc_mask, cut.anc_mask)
 
 
+def test_uncut_prefix_is_the_tree_itself():
+    """The step planner cuts every verified tree to what was scheduled; uncut, that is no copy."""
+    t = DraftTree([1, 2, 3, 4], [-1, 0, 0, 1])
+    assert t.prefix(3) is t
+    assert t.prefix(2) is not t and t.prefix(2).tokens.tolist() == [1, 2, 3]
+
+
 def test_prefix_bounds():
     t = DraftTree.chain(1, [2, 3])
     with pytest.raises(ValueError, match=r"0 <= n <= 2"):

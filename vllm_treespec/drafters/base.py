@@ -74,7 +74,8 @@ def split_flat_trees(tokens: np.ndarray, parents: np.ndarray, depth: np.ndarray,
     """DraftTrees from the C++ drafters' flat output: request i's block holds counts[i] + 1
     root-first entries, parents local to the block (trusted: built by the C++ cores)."""
     trees, start = [], 0
-    for end in np.cumsum(np.asarray(counts) + 1).tolist():
+    for count in np.asarray(counts).tolist():
+        end = start + count + 1
         trees.append(DraftTree(tokens[start:end], parents[start:end], depth[start:end],
                                logprob[start:end], score[start:end], validate=False))
         start = end

@@ -60,9 +60,9 @@ class TreeMetrics:
         self.fallbacks = Counter("treespec_fallback_steps", "Decoding steps without drafts because a "
                                  "request option cannot be verified on a tree.", ["reason"])
 
-    def observe_draft(self, seconds: float, budgets: np.ndarray) -> None:
+    def observe_draft(self, seconds: float, budgets: Sequence[int]) -> None:
         self.draft_seconds.observe(seconds)
-        for b in budgets.tolist():
+        for b in budgets:
             self.budget.observe(b)
 
     def observe_budget_choice(self, nodes: int) -> None:

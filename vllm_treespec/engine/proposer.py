@@ -226,22 +226,26 @@ class TreeProposer:
         start = time.perf_counter()
         n = len(req_ids)
         num_tokens = np.asarray(num_tokens_no_spec[:n], dtype=np.int64)
-        decoding = np.fromiter((len(s) > 0 for s in sampled_token_ids[:n]), dtype=bool, count=n)
-        active = np.nonzero(decoding)[0]
-        choice = self.budget_policy.choose(int(active.size), int(num_tokens[active].mean()) if active.size else 0)
+        # plain Python for the per-request scalars: a step has few requests, and each numpy
+        # call costs microseconds with the caches cold from the forward pass
+        lengths = num_tokens.tolist()
+        decoding = [len(s) > 0 for s in sampled_token_ids[:n]]
+        active = [t for t, d in zip(lengths, decoding) if d]
+        choice = self.budget_policy.choose(len(active), sum(active) // len(active) if active else 0)
         chosen = _broadcast_from_first_rank(choice.nodes) if self._sync_budget else choice.nodes
-        if active.size:
+        if active:
             self.stats.observe_budget_choice(chosen)
         budget = min(budget, chosen)
-        room = np.maximum(self.max_model_len - num_tokens, 0)
-        budgets = np.where(decoding, np.minimum(budget, room), 0).astype(np.int64)
-        for i in np.nonzero(budgets)[0].tolist():
-            reason = self.blocker(req_ids[i], runner)
-            if reason is not None:
-                budgets[i] = 0
-                fb = self.requests[req_ids[i]].fallback_steps
-                fb[reason] = fb.get(reason, 0) + 1
-                self.stats.observe_fallback(reason)
+        caps = [min(budget, max(self.max_model_len - t, 0)) if d else 0 for t, d in zip(lengths, decoding)]
+        for i, cap in enumerate(caps):
+            if cap:
+                reason = self.blocker(req_ids[i], runner)
+                if reason is not None:
+                    caps[i] = 0
+                    fb = self.requests[req_ids[i]].fallback_steps
+                    fb[reason] = fb.get(reason, 0) + 1
+                    self.stats.observe_fallback(reason)
+        budgets = np.array(caps, dtype=np.int64)
         sampling = None
         if getattr(self.drafter, "samples_drafts", False):
             cached = [self._cached(runner, r) if runner is not None else None for r in req_ids]
@@ -249,7 +253,7 @@ class TreeProposer:
         inputs = DraftInputs(req_ids=req_ids, token_ids=token_ids_cpu, rows=np.arange(n, dtype=np.int64),
                              num_tokens=num_tokens, budgets=budgets, target=target, sampling=sampling,
                              tree_overrides=choice.tree_params({}))   # a table rule's tree keys
-        if budgets.any() or getattr(self.drafter, "uses_target_states", False):
+        if any(caps) or getattr(self.drafter, "uses_target_states", False):
             trees = self.drafter.propose(inputs)     # head caches take every step's committed rows
         else:                                         # budget 0 (plain decoding): no drafter call
             trees = chain_trees(inputs, [()] * n)
@@ -269,9 +273,9 @@ class TreeProposer:
                 st = self._state(req_id, runner)
                 st.steps += 1
                 st.drafted += tree.num_draft
-                self._budget_given[req_id] = int(budgets[i])
+                self._budget_given[req_id] = caps[i]
         self._draft_seconds = time.perf_counter() - start
-        self.stats.observe_draft(self._draft_seconds, budgets[decoding], trees)
+        self.stats.observe_draft(self._draft_seconds, [c for c, d in zip(caps, decoding) if d], trees)
         return drafts
 
     # -- verification ------------------------------------------------------------------------
@@ -298,23 +302,28 @@ class TreeProposer:
 
         start = time.perf_counter()
         batch_ids = list(runner.input_batch.req_ids)[:step.num_reqs]
-        ours = np.fromiter((self.blocker(r, runner) is None for r in batch_ids), dtype=bool,
-                           count=step.num_reqs)
-        ours[step.req_indices] = True          # drafted trees are always verified as trees
-        ours[step.foreign] = False             # vLLM's own padding drafts stay with vLLM
-        own = bool(ours.all())
-        include = None if own else np.nonzero(ours)[0]
+        if step.num_trees == step.num_reqs and not step.has_foreign_drafts:
+            include = None                     # every request drafted: all are verified as trees
+        else:
+            ours = np.fromiter((self.blocker(r, runner) is None for r in batch_ids), dtype=bool,
+                               count=step.num_reqs)
+            ours[step.req_indices] = True      # drafted trees are always verified as trees
+            ours[step.foreign] = False         # vLLM's own padding drafts stay with vLLM
+            include = None if ours.all() else np.nonzero(ours)[0]
+        own = include is None
         base, logprobs = None, None
         if not own:
             out = vllm_sample()
             base, logprobs = out.sampled_token_ids, out.logprobs_tensors
             if include.size == 0:
                 return out
-        rows = np.arange(step.num_reqs) if include is None else include
-        params, gens = request_sampling(runner, [batch_ids[i] for i in rows.tolist()])
+        rows = range(step.num_reqs) if own else include.tolist()
+        params, gens = request_sampling(runner, [batch_ids[i] for i in rows])
         # partial prefills: their token is discarded; sample it greedily so no seeded stream moves
-        for j in np.nonzero(discarded_rows(runner, step.num_reqs)[rows])[0].tolist():
-            params[j], gens[j] = GREEDY, None
+        discarded = discarded_rows(runner, step.num_reqs)
+        if discarded.any():
+            for j in np.nonzero(discarded[np.asarray(rows, dtype=np.int64)])[0].tolist():
+                params[j], gens[j] = GREEDY, None
         tokens, result = verify_step(step, logits, params, gens, include, base,
                                      coin_rows=self.num_speculative_tokens + 1)
         accepted_at = time.perf_counter()
@@ -323,22 +332,21 @@ class TreeProposer:
         if include is not None or step.num_trees != step.num_reqs:
             accepted_nodes = accepted_nodes[step.req_indices if include is None
                                             else np.searchsorted(include, step.req_indices)]
-        accepted_len = (accepted_nodes >= 0).sum(axis=1)
+        accepted_len = (accepted_nodes >= 0).sum(axis=1).tolist()
         self._last_verified = (step, accepted_nodes)
         moved = 0
         compact_start = time.perf_counter()
         # chain-shaped steps cannot move K/V (TreeStep.chain_shaped): no cache scan at all
-        if not step.chain_shaped and bool((accepted_len > 0).any()):
+        if not step.chain_shaped and any(accepted_len):
             caches, layout = kv_caches_and_layout(runner)
             moved = compact(step, accepted_nodes, caches, layout)
         compacted = time.perf_counter() - compact_start
-        sizes = step.tree_sizes - 1
-        for req_id, a in zip(step.req_ids, accepted_len.tolist()):
+        sizes = (step.tree_sizes - 1).tolist()
+        for req_id, a in zip(step.req_ids, accepted_len):
             st = self.requests.get(req_id)
             if st is not None:
                 st.accepted += a
-        self._verified = ([self._budget_given.get(r, 0) for r in step.req_ids], accepted_len.tolist(),
-                          sizes.tolist())
+        self._verified = ([self._budget_given.get(r, 0) for r in step.req_ids], accepted_len, sizes)
         if step.num_trees:
             parts = (accepted_at - start, compacted, step.attn.seconds if step.attn is not None else 0.0)
             self.stats.observe_verify(time.perf_counter() - start, sizes, accepted_len, moved, own, parts)

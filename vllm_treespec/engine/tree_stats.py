@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-import numpy as np
 
 __all__ = ["TreeStats"]
 
@@ -39,42 +38,48 @@ class TreeStats:
     own_steps: int = 0
     budget_choices: dict[int, int] = field(default_factory=dict)   # policy choice -> steps
     metrics: Any = None          # TreeMetrics, or None when this worker exports nothing
-    nodes_hist: np.ndarray = field(init=False)
-    depth_hist: np.ndarray = field(init=False)
+    # plain lists: a step adds one count per tree, which numpy's per-call cost would dominate
+    nodes_hist: list[int] = field(init=False)
+    depth_hist: list[int] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.nodes_hist = np.zeros(self.max_depth + 1, dtype=np.int64)
-        self.depth_hist = np.zeros(self.max_depth + 1, dtype=np.int64)
+        self.nodes_hist = [0] * (self.max_depth + 1)
+        self.depth_hist = [0] * (self.max_depth + 1)
 
-    def observe_draft(self, seconds: float, budgets: np.ndarray, trees: Sequence[Any]) -> None:
+    def observe_draft(self, seconds: float, budgets: Sequence[int], trees: Sequence[Any]) -> None:
+        """budgets: the node budget of each decoding request this step."""
         if self.metrics is not None:
             self.metrics.observe_draft(seconds, budgets)
         self.draft_steps += 1
         self.draft_seconds += seconds
-        self.budget_sum += int(budgets.sum())
-        self.budget_count += int(budgets.size)
+        self.budget_sum += sum(budgets)
+        self.budget_count += len(budgets)
         for t in trees:
             if t.num_draft:
                 self.trees += 1
                 self.nodes += t.num_draft
 
-    def observe_verify(self, seconds: float, nodes: np.ndarray, accepted: np.ndarray,
+    def observe_verify(self, seconds: float, nodes: Sequence[int], accepted: Sequence[int],
                        moves: int, own: bool, parts: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> None:
-        """parts = (acceptance, KV compaction, tree attention) seconds of this step."""
+        """nodes / accepted: draft nodes and accepted path length of each verified tree; parts =
+        (acceptance, KV compaction, tree attention) seconds of this step."""
         if self.metrics is not None:
-            self.metrics.observe_verify(seconds, nodes.tolist(), accepted.tolist(), moves, parts)
+            self.metrics.observe_verify(seconds, nodes, accepted, moves, parts)
         self.verify_steps += 1
         self.verify_seconds += seconds
         self.accept_seconds += parts[0]
         self.compaction_seconds += parts[1]
         self.attention_seconds += parts[2]
-        self.verified_trees += int(nodes.size)
-        self.verified_nodes += int(nodes.sum())
-        self.accepted += int(accepted.sum())
+        self.verified_trees += len(nodes)
+        self.verified_nodes += sum(nodes)
+        self.accepted += sum(accepted)
         self.kv_moves += moves
         self.own_steps += int(own)
-        np.add.at(self.nodes_hist, np.minimum(nodes, self.max_depth), 1)
-        np.add.at(self.depth_hist, np.minimum(accepted, self.max_depth), 1)
+        top = self.max_depth
+        for n in nodes:
+            self.nodes_hist[min(n, top)] += 1
+        for a in accepted:
+            self.depth_hist[min(a, top)] += 1
 
     def observe_step(self, seconds: float) -> None:
         """One worker step (prepare inputs -> drafts for the next step)."""
@@ -106,6 +111,6 @@ class TreeStats:
             "verified_trees": self.verified_trees, "verified_nodes": self.verified_nodes,
             "accepted": self.accepted, "kv_moves": self.kv_moves, "own_steps": self.own_steps,
             "mean_accepted": self.accepted / max(self.verified_trees, 1),
-            "nodes_hist": self.nodes_hist.tolist(), "depth_hist": self.depth_hist.tolist(),
+            "nodes_hist": list(self.nodes_hist), "depth_hist": list(self.depth_hist),
             "budget_choices": dict(sorted(self.budget_choices.items())),
         }

@@ -19,7 +19,9 @@ scheduled decodes with -1 "drafts" for uniform batches) are left to vLLM's rejec
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -34,6 +36,8 @@ __all__ = ["AttentionPlan", "FlatTrees", "TreeStep", "plan_tree_step", "local_in
 def local_index(sizes: np.ndarray) -> np.ndarray:
     """Index of every flat row within its block, for blocks of `sizes` rows laid end to end."""
     sizes = np.asarray(sizes, dtype=np.int64)
+    if sizes.size == 1:
+        return np.arange(int(sizes[0]), dtype=np.int64)
     return np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes)
 
 
@@ -50,11 +54,14 @@ class FlatTrees:
         if not trees:
             z = torch.zeros(0, dtype=torch.int64)
             return cls(torch.zeros(1, dtype=torch.int64), z, z.clone(), z.clone())
-        sizes = np.fromiter((t.num_nodes for t in trees), dtype=np.int64, count=len(trees))
-        offsets = np.zeros(len(trees) + 1, dtype=np.int64)
-        np.cumsum(sizes, out=offsets[1:])
+        sizes = [t.num_nodes for t in trees]
+        offsets = torch.from_numpy(np.array([0, *itertools.accumulate(sizes)], dtype=np.int64))
+        if len(trees) == 1:     # the common one-request step: no concatenation copies
+            t = trees[0]
+            return cls(offsets, *(torch.from_numpy(a.astype(np.int64, copy=False))
+                                  for a in (t.tokens, t.parents, t.depth)))
         cat = lambda name: torch.from_numpy(np.concatenate([getattr(t, name) for t in trees]).astype(np.int64, copy=False))
-        return cls(torch.from_numpy(offsets), cat("tokens"), cat("parents"), cat("depth"))
+        return cls(offsets, cat("tokens"), cat("parents"), cat("depth"))
 
 
 def ancestor_words(offsets: np.ndarray, parents: np.ndarray, depth: np.ndarray) -> np.ndarray:
@@ -99,31 +106,68 @@ class TreeStep:
     Requests "verified" are those with at least one scheduled draft (``R`` of them, batch order).
     vLLM computes logits at every root/draft row and one row for each request without drafts,
     in batch order; ``first_logit`` is where each request's rows start.
+
+    Only what every step reads is built eagerly; the per-node rows and positions (needed only
+    by steps with branching trees) and the per-request logits layout (needed only when vLLM's
+    sampler shares the step) are derived on first use: at one request per step each numpy call
+    costs microseconds with the caches cold from the forward pass, and most steps need few.
     """
     num_scheduled_tokens: int
     num_reqs: int
     req_indices: np.ndarray      # int64 [R] batch rows
     req_ids: list[str]
     trees: FlatTrees             # the R trees (cut to what was scheduled), flat
-    node_rows: torch.Tensor      # int64 [T] flat token row of every node
-    positions: torch.Tensor      # int64 [T] num_computed + depth
-    slot_mapping: torch.Tensor | None  # int64 [T] KV slot of every node row (set by the runner
-                                       # unless chain_shaped: only then can compaction move K/V)
-    attn: AttentionPlan | None
-    max_num_draft: int           # widest scheduled draft in the batch (sampler output width - 1)
-    foreign: np.ndarray          # int64 batch rows whose drafts are left to vLLM's rejection sampler
-    first_logit: np.ndarray      # int64 [num_reqs] first logits row of each batch request
-    tree_of_req: np.ndarray      # int64 [num_reqs] index into the trees, -1 = no tree
-    query_start_loc: np.ndarray  # int64 [num_reqs + 1] flat row of each request's first token
     tree_sizes: np.ndarray       # int64 [R] nodes of each tree (root included)
+    num_draft: np.ndarray        # int64 [num_reqs] scheduled drafts per batch request (0 = none)
+    query_start_loc: np.ndarray  # int64 [num_reqs + 1] flat row of each request's first token
+    num_computed: np.ndarray     # int64 [R] tokens before each tree's root (its KV prefix)
+    attn: AttentionPlan | None
+    foreign: np.ndarray          # int64 batch rows whose drafts are left to vLLM's rejection sampler
+    max_num_draft: int           # widest scheduled draft in the batch (sampler output width - 1)
+    slot_mapping: torch.Tensor | None = None  # int64 [T] KV slot of every node row (set by the
+                                              # runner unless chain_shaped: only then can
+                                              # compaction move K/V)
     q_rows: np.ndarray | None = None    # int64 [T] row of q_probs per tree node (-1 = none)
     q_probs: torch.Tensor | None = None  # float32 [M, V] draft q of sampled trees' expanded nodes
+
+    @cached_property
+    def node_local(self) -> np.ndarray:
+        """int64 [T]: index of every node within its tree."""
+        return local_index(self.tree_sizes)
+
+    @property
+    def num_nodes(self) -> int:
+        """T, the nodes of all trees (roots included): the logits rows tree acceptance reads."""
+        return int(self.trees.offsets.numpy()[-1])
+
+    @cached_property
+    def node_rows(self) -> torch.Tensor:
+        """int64 [T]: flat token row of every node."""
+        q_start = self.query_start_loc[self.req_indices]
+        return torch.from_numpy(np.repeat(q_start, self.tree_sizes) + self.node_local)
+
+    @cached_property
+    def positions(self) -> torch.Tensor:
+        """int64 [T]: num_computed + depth of every node (its RoPE position)."""
+        return torch.from_numpy(np.repeat(self.num_computed, self.tree_sizes) + self.trees.depth.numpy())
+
+    @cached_property
+    def first_logit(self) -> np.ndarray:
+        """int64 [num_reqs]: first logits row of each batch request."""
+        sampled = self.num_draft + 1                # logits rows per batch request
+        return np.cumsum(sampled) - sampled
+
+    @cached_property
+    def tree_of_req(self) -> np.ndarray:
+        """int64 [num_reqs]: index into the trees of each batch request, -1 = no tree."""
+        out = np.full(self.num_reqs, -1, dtype=np.int64)
+        out[self.req_indices] = np.arange(self.req_indices.size)
+        return out
 
     @property
     def logit_rows(self) -> np.ndarray:
         """int64 [T]: row of each tree node in the step's logits."""
-        sizes = self.tree_sizes
-        return np.repeat(self.first_logit[self.req_indices], sizes) + local_index(sizes)
+        return np.repeat(self.first_logit[self.req_indices], self.tree_sizes) + self.node_local
 
     @property
     def chain_shaped(self) -> bool:
@@ -157,7 +201,7 @@ def plan_tree_step(batch_req_ids: Sequence[str], num_scheduled: np.ndarray,
     num_reqs = len(batch_req_ids)
     req_idx: list[int] = []
     cut: list[DraftTree] = []
-    num_draft = np.zeros(num_reqs, dtype=np.int64)
+    num_draft = [0] * num_reqs
     foreign: list[int] = []
     # (tree, q row of each of its nodes) of the trees drawn from a drafter's q; other nodes -1
     q_index: list[tuple[int, np.ndarray]] = []
@@ -191,26 +235,18 @@ def plan_tree_step(batch_req_ids: Sequence[str], num_scheduled: np.ndarray,
         cut.append(tree)
     idx = np.asarray(req_idx, dtype=np.int64)
     batch = FlatTrees.concat(cut)
-    sizes = np.diff(batch.offsets.numpy())      # numpy view of the offsets: no torch ops
-    local = local_index(sizes)
-    q_start = np.asarray(query_start_loc, dtype=np.int64)[idx]
-    node_rows = np.repeat(q_start, sizes) + local
-    computed = np.asarray(num_computed, dtype=np.int64)[idx]
-    positions = np.repeat(computed, sizes) + batch.depth.numpy()
-    sampled = num_draft + 1                     # logits rows per batch request
-    first_logit = np.cumsum(sampled) - sampled
-    attn = _attention_plan(idx, batch, local, node_rows, computed)
-    tree_of_req = np.full(num_reqs, -1, dtype=np.int64)
-    tree_of_req[idx] = np.arange(idx.size)
-    return TreeStep(
-        num_scheduled_tokens=int(np.asarray(query_start_loc)[num_reqs]), num_reqs=num_reqs,
+    offsets = batch.offsets.numpy()
+    step = TreeStep(
+        num_scheduled_tokens=int(query_start_loc[num_reqs]), num_reqs=num_reqs,
         req_indices=idx, req_ids=[batch_req_ids[i] for i in req_idx], trees=batch,
-        node_rows=torch.from_numpy(node_rows), positions=torch.from_numpy(positions), slot_mapping=None,
-        attn=attn, max_num_draft=int(num_draft.max()) if num_reqs else 0,
-        foreign=np.asarray(foreign, dtype=np.int64), first_logit=first_logit, tree_of_req=tree_of_req,
-        query_start_loc=np.asarray(query_start_loc, dtype=np.int64)[:num_reqs + 1].copy(),
-        tree_sizes=sizes, q_rows=_q_rows(q_index, batch.offsets.numpy()),
+        tree_sizes=offsets[1:] - offsets[:-1], num_draft=np.array(num_draft, dtype=np.int64),
+        query_start_loc=np.array(query_start_loc[:num_reqs + 1], dtype=np.int64),
+        num_computed=np.asarray(num_computed, dtype=np.int64)[idx], attn=None,
+        foreign=np.asarray(foreign, dtype=np.int64), max_num_draft=max(num_draft, default=0),
+        q_rows=_q_rows(q_index, offsets),
         q_probs=torch.cat(q_parts) if q_parts else None)
+    step.attn = _attention_plan(step)
+    return step
 
 
 def _q_rows(sampled: list[tuple[int, np.ndarray]], offsets: np.ndarray) -> np.ndarray | None:
@@ -223,14 +259,14 @@ def _q_rows(sampled: list[tuple[int, np.ndarray]], offsets: np.ndarray) -> np.nd
     return rows
 
 
-def _attention_plan(idx: np.ndarray, batch: FlatTrees, local: np.ndarray, node_rows: np.ndarray,
-                    computed: np.ndarray) -> AttentionPlan | None:
+def _attention_plan(step: TreeStep) -> AttentionPlan | None:
+    batch = step.trees
     depth = batch.depth.numpy()
-    wrong = depth != local                                  # rows the causal kernel gets wrong
+    wrong = depth != step.node_local                        # rows the causal kernel gets wrong
     if not wrong.any():
         return None
     offsets = batch.offsets.numpy()
-    sizes = offsets[1:] - offsets[:-1]
+    sizes = step.tree_sizes
     owner = np.repeat(np.arange(sizes.size), sizes)
     branchy = np.unique(owner[wrong])
     # masks of the wrong rows are built from their ancestors': all nodes of those trees
@@ -243,8 +279,9 @@ def _attention_plan(idx: np.ndarray, batch: FlatTrees, local: np.ndarray, node_r
     row_offsets = np.zeros(branchy.size + 1, dtype=np.int64)
     np.cumsum(np.bincount(owner[wrong], minlength=sizes.size)[branchy], out=row_offsets[1:])
     return AttentionPlan(
-        req_indices=torch.from_numpy(idx[branchy]), rows=torch.from_numpy(node_rows[wrong]),
-        offsets=torch.from_numpy(row_offsets), prefix_lens=torch.from_numpy(computed[branchy]),
+        req_indices=torch.from_numpy(step.req_indices[branchy]),
+        rows=step.node_rows[torch.from_numpy(wrong)],
+        offsets=torch.from_numpy(row_offsets), prefix_lens=torch.from_numpy(step.num_computed[branchy]),
         tree_sizes=torch.from_numpy(sub_sizes), anc_mask=torch.from_numpy(anc[keep]))
 
 

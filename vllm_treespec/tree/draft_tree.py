@@ -292,6 +292,8 @@ class DraftTree:
         if not isinstance(n, (int, np.integer)) or not 0 <= n <= self.num_draft:
             raise ValueError(f"prefix(n) needs 0 <= n <= {self.num_draft}, got {n!r}")
         m = int(n) + 1
+        if m == self.num_nodes:     # uncut (the usual case): trees are never modified in place
+            return self
         t = DraftTree(self.tokens[:m].copy(), self.parents[:m].copy(), self.depth[:m].copy(),
                       self.logprob[:m].copy(), self.score[:m].copy(), validate=False)
         if self._anc is not None:
