@@ -83,6 +83,37 @@ def random_trie_case(rng: np.random.Generator, vocab: int = 12):
         yield NgramTrie.load(path), buf, rows, lens, params
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_memoised_trie_answers_equal_fresh_ones(seed):
+    """Later calls answer repeated contexts from the trie's topk memo (csrc/ngram/topk_memo.h):
+    still the reference's trees, for any k (k is part of the memo key)."""
+    rng = np.random.default_rng(100 + seed)
+    with random_trie_case(rng) as (trie, buf, rows, lens, params):
+        budgets = np.full(len(rows), 20)
+        for k in (params["k"], params["k"] + 2, params["k"]):
+            p = {**params, "k": k}
+            want = lookup_trie_trees_reference(buf, rows, lens, budgets, trie, **p)
+            for _ in range(2):
+                for a, b in zip(native_trees(trie, buf, rows, lens, budgets, **p), want):
+                    same(a, b)
+        stats = trie._t.topk_memo_stats()
+        assert stats["hits"] > 0 and 0 < stats["entries"] <= stats["misses"]
+
+
+def test_a_trie_learning_online_is_never_answered_from_the_memo():
+    """Online counts move between calls, so the memo would go stale: it is bypassed."""
+    rng = np.random.default_rng(7)
+    with random_trie_case(rng) as (trie, buf, rows, lens, params):
+        trie.enable_online(capacity_mb=1)
+        budgets = np.full(len(rows), 20)
+        for _ in range(2):
+            want = lookup_trie_trees_reference(buf, rows, lens, budgets, trie, **params)
+            for a, b in zip(native_trees(trie, buf, rows, lens, budgets, **params), want):
+                same(a, b)
+            trie.observe(rng.integers(12, size=200).astype(np.int32))
+        assert trie._t.topk_memo_stats() == {"hits": 0, "misses": 0, "entries": 0}
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_trees_are_prefix_closed(seed):
     """vLLM may cut a request's drafts to a prefix: that prefix is the tree for that budget."""

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <queue>
 
 #include "lookup/lookup_tree.h"
+#include "ngram/topk_memo.h"
 
 namespace treespec::lookup {
 
@@ -21,28 +23,32 @@ struct Search {
   const LookupTrieParams& prm;
   const ngram::TrieFile& trie;
   const ngram::OnlineCounts* online;
+  ngram::TopkMemo* memo;  // null: every topk is computed
   std::vector<MatchNode> matches;
   // Candidate-tree nodes (0 = root).
   std::vector<int32_t> parent, depth, pos, token, match, emitted;
   std::vector<double> logp, score;
-  std::vector<ngram::Cursor> cursor;
+  std::vector<ngram::Cursor> context;  // token-only cursors (topk_memo.h): nodes resolved on demand
   std::vector<std::vector<int32_t>> pospath;
   std::vector<std::vector<Child>> kids;  // sorted children, computed on first use
   std::vector<bool> has_kids;
 
   Search(const int32_t* t, int64_t n, const LookupTrieParams& p, const ngram::TrieFile& tr,
-         const ngram::OnlineCounts* on)
-      : prm(p), trie(tr), online(on),
+         const ngram::OnlineCounts* on, ngram::TopkMemo* mm)
+      : prm(p), trie(tr), online(on), memo(on ? nullptr : mm),
         matches(build_match_trie(t, n, p.min_n, p.max_n, p.max_matches, p.max_depth)) {
     const int64_t m = std::min<int64_t>(std::max(trie.order() - 1, 1), n);
-    add(-1, 0, 0, t[n - 1], matches[0].weight > 0 ? 0 : -1, trie.cursor(t + n - m, m), 0.0, 0.0, {});
+    ngram::Cursor root;
+    std::memset(&root, 0, sizeof(root));
+    for (int64_t i = n - m; i < n; ++i) root = ngram::shift_context(root, t[i], trie.order());
+    add(-1, 0, 0, t[n - 1], matches[0].weight > 0 ? 0 : -1, root, 0.0, 0.0, {});
   }
 
   int32_t add(int32_t par, int32_t d, int32_t ps, int32_t tok, int32_t mt, const ngram::Cursor& c,
               double lp, double s, std::vector<int32_t> path) {
     parent.push_back(par), depth.push_back(d), pos.push_back(ps), token.push_back(tok);
     match.push_back(mt), emitted.push_back(-1), logp.push_back(lp), score.push_back(s);
-    cursor.push_back(c), pospath.push_back(std::move(path));
+    context.push_back(c), pospath.push_back(std::move(path));
     kids.emplace_back(), has_kids.push_back(false);
     return static_cast<int32_t>(parent.size() - 1);
   }
@@ -63,7 +69,11 @@ struct Search {
     // Each top-k entry carries the suffix length that scored it (what prob() would report as
     // its order), so min_context needs no second lookup: after a forward pass the trie is
     // cache-cold and every lookup is a string of misses.
-    for (const ngram::Scored& s : trie.topk(cursor[v], prm.k, online)) {
+    std::vector<ngram::Scored> fresh;
+    const std::vector<ngram::Scored>& top =
+        memo ? memo->topk(trie, context[v], prm.k)
+             : (fresh = trie.topk(ngram::resolve_context(trie, context[v]), prm.k, online));
+    for (const ngram::Scored& s : top) {
       if (prm.min_context > 0 && s.order < prm.min_context) continue;
       const double q = (1.0 - lambda) * s.prob;
       auto it = std::find_if(out.begin(), out.end(), [&](const Child& c) { return c.token == s.token; });
@@ -84,8 +94,8 @@ struct Search {
     const double lp = std::log(c.p);
     std::vector<int32_t> path = pospath[v];
     path.push_back(i);
-    return add(v, depth[v] + 1, i, c.token, c.match, trie.advance(cursor[v], c.token), lp,
-               score[v] + lp, std::move(path));
+    return add(v, depth[v] + 1, i, c.token, c.match, ngram::shift_context(context[v], c.token, trie.order()),
+               lp, score[v] + lp, std::move(path));
   }
 };
 
@@ -93,9 +103,10 @@ struct Search {
 
 void propose_lookup_trie_tree(const int32_t* tokens, int64_t n, int64_t budget,
                               const LookupTrieParams& params, const ngram::TrieFile& trie,
-                              const ngram::OnlineCounts* online, std::vector<MixedNode>* out) {
+                              const ngram::OnlineCounts* online, std::vector<MixedNode>* out,
+                              ngram::TopkMemo* memo) {
   if (budget <= 0 || n <= 0 || params.max_depth < 1) return;
-  Search s(tokens, n, params, trie, online);
+  Search s(tokens, n, params, trie, online, memo);
   s.emitted[0] = 0;
   const size_t start = out->size();
   const auto emitted_count = [&]() { return static_cast<int64_t>(out->size() - start); };

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "ngram/online.h"
+#include "ngram/topk_memo.h"
 #include "ngram/trie.h"
 
 namespace treespec::lookup {
@@ -51,8 +52,11 @@ struct MixedNode {
 
 // Appends at most `budget` nodes of the tree of tokens[0:n] (root = tokens[n-1]) to `out`.
 // `online` (may be null) must be read-locked by the caller for the duration of the call.
+// `memo` (may be null; unused with an online layer) answers repeated trie contexts; the caller
+// serialises its use. The nodes are the same with or without it.
 void propose_lookup_trie_tree(const int32_t* tokens, int64_t n, int64_t budget,
                               const LookupTrieParams& params, const ngram::TrieFile& trie,
-                              const ngram::OnlineCounts* online, std::vector<MixedNode>* out);
+                              const ngram::OnlineCounts* online, std::vector<MixedNode>* out,
+                              ngram::TopkMemo* memo = nullptr);
 
 }  // namespace treespec::lookup

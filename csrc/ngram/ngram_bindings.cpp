@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "ngram/counter.h"
 #include "ngram/freeze.h"
 #include "ngram/online.h"
+#include "ngram/topk_memo.h"
 #include "ngram/trie.h"
 #include "lookup/lookup_trie_tree.h"
 #include "lookup/py_batch.h"
@@ -30,10 +32,18 @@ using treespec::lookup::I32Strict;
 using treespec::lookup::I64Strict;
 using CursorArray = py::array_t<Cursor, py::array::c_style>;
 
+// The lookup-trie drafter's topk memo of one trie, behind a mutex (the drafting call runs
+// without the GIL, so two Python threads may draft from one trie at once).
+struct MemoSlot {
+  std::mutex mutex;
+  TopkMemo memo;
+};
+
 // A loaded trie plus this process's optional online layer (the Python class `Trie`).
 struct Handle {
   std::shared_ptr<const TrieFile> file;
   std::shared_ptr<OnlineCounts> online;
+  std::shared_ptr<MemoSlot> memo = std::make_shared<MemoSlot>();
 };
 
 int64_t rows_of(const py::array& a, const char* what) {
@@ -137,11 +147,14 @@ py::tuple lookup_trie_trees(const Handle& h, const I32Strict& token_ids, const I
     py::gil_scoped_release release;
     OnlineCounts::ReadLock lock;
     if (online) lock = online->read_lock();
+    std::lock_guard<std::mutex> memo_lock(h.memo->mutex);
+    TopkMemo* memo = online ? nullptr : &h.memo->memo;  // online counts move: no memo
     std::vector<treespec::lookup::MixedNode> nodes;
     for (int64_t i = 0; i < num; ++i) {
       const int32_t* row = token_ids.data() + r[i] * max_len;
       nodes.clear();
-      treespec::lookup::propose_lookup_trie_tree(row, len[i], budgets.data()[i], prm, *h.file, online.get(), &nodes);
+      treespec::lookup::propose_lookup_trie_tree(row, len[i], budgets.data()[i], prm, *h.file, online.get(), &nodes,
+                                                 memo);
       tokens.push_back(row[len[i] - 1]), parents.push_back(-1), depth.push_back(0);
       logprob.push_back(0.0), score.push_back(0.0);
       for (const auto& n : nodes) {
@@ -365,6 +378,14 @@ void register_ngram(py::module_& parent) {
       .def("clear_online", [](const Handle& h) {
             if (h.online) h.online->clear();
           })
+      .def("topk_memo_stats", [](const Handle& h) {
+            std::lock_guard<std::mutex> lock(h.memo->mutex);
+            py::dict d;
+            d["hits"] = h.memo->memo.hits();
+            d["misses"] = h.memo->memo.misses();
+            d["entries"] = h.memo->memo.size();
+            return d;
+          }, "Hits, misses and entries of the lookup-trie drafter's topk memo of this trie.")
       .def("online_stats", [](const Handle& h) -> py::object {
             if (!h.online) return py::none();
             py::dict d;
