@@ -135,11 +135,6 @@ class TreeStep:
         """int64 [T]: index of every node within its tree."""
         return local_index(self.tree_sizes)
 
-    @property
-    def num_nodes(self) -> int:
-        """T, the nodes of all trees (roots included): the logits rows tree acceptance reads."""
-        return int(self.trees.offsets.numpy()[-1])
-
     @cached_property
     def node_rows(self) -> torch.Tensor:
         """int64 [T]: flat token row of every node."""
