@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <queue>
 
@@ -28,7 +27,7 @@ struct Search {
   // Candidate-tree nodes (0 = root).
   std::vector<int32_t> parent, depth, pos, token, match, emitted;
   std::vector<double> logp, score;
-  std::vector<ngram::Cursor> context;  // token-only cursors (topk_memo.h): nodes resolved on demand
+  std::vector<ngram::Cursor> context;  // token-only cursors (TrieFile::token_cursor): nodes resolved on demand
   std::vector<std::vector<int32_t>> pospath;
   std::vector<std::vector<Child>> kids;  // sorted children, computed on first use
   std::vector<bool> has_kids;
@@ -38,10 +37,7 @@ struct Search {
       : prm(p), trie(tr), online(on), memo(on ? nullptr : mm),
         matches(build_match_trie(t, n, p.min_n, p.max_n, p.max_matches, p.max_depth)) {
     const int64_t m = std::min<int64_t>(std::max(trie.order() - 1, 1), n);
-    ngram::Cursor root;
-    std::memset(&root, 0, sizeof(root));
-    for (int64_t i = n - m; i < n; ++i) root = ngram::shift_context(root, t[i], trie.order());
-    add(-1, 0, 0, t[n - 1], matches[0].weight > 0 ? 0 : -1, root, 0.0, 0.0, {});
+    add(-1, 0, 0, t[n - 1], matches[0].weight > 0 ? 0 : -1, trie.token_cursor(t + n - m, m), 0.0, 0.0, {});
   }
 
   int32_t add(int32_t par, int32_t d, int32_t ps, int32_t tok, int32_t mt, const ngram::Cursor& c,
@@ -72,7 +68,7 @@ struct Search {
     std::vector<ngram::Scored> fresh;
     const std::vector<ngram::Scored>& top =
         memo ? memo->topk(trie, context[v], prm.k)
-             : (fresh = trie.topk(ngram::resolve_context(trie, context[v]), prm.k, online));
+             : (fresh = trie.topk(trie.resolve(context[v]), prm.k, online));
     for (const ngram::Scored& s : top) {
       if (prm.min_context > 0 && s.order < prm.min_context) continue;
       const double q = (1.0 - lambda) * s.prob;
@@ -94,7 +90,7 @@ struct Search {
     const double lp = std::log(c.p);
     std::vector<int32_t> path = pospath[v];
     path.push_back(i);
-    return add(v, depth[v] + 1, i, c.token, c.match, ngram::shift_context(context[v], c.token, trie.order()),
+    return add(v, depth[v] + 1, i, c.token, c.match, trie.advance_tokens(context[v], c.token),
                lp, score[v] + lp, std::move(path));
   }
 };

@@ -148,13 +148,12 @@ py::tuple lookup_trie_trees(const Handle& h, const I32Strict& token_ids, const I
     OnlineCounts::ReadLock lock;
     if (online) lock = online->read_lock();
     std::lock_guard<std::mutex> memo_lock(h.memo->mutex);
-    TopkMemo* memo = online ? nullptr : &h.memo->memo;  // online counts move: no memo
     std::vector<treespec::lookup::MixedNode> nodes;
     for (int64_t i = 0; i < num; ++i) {
       const int32_t* row = token_ids.data() + r[i] * max_len;
       nodes.clear();
       treespec::lookup::propose_lookup_trie_tree(row, len[i], budgets.data()[i], prm, *h.file, online.get(), &nodes,
-                                                 memo);
+                                                 &h.memo->memo);  // unused with an online layer
       tokens.push_back(row[len[i] - 1]), parents.push_back(-1), depth.push_back(0);
       logprob.push_back(0.0), score.push_back(0.0);
       for (const auto& n : nodes) {

@@ -5,23 +5,6 @@
 
 namespace treespec::ngram {
 
-Cursor shift_context(const Cursor& c, int32_t token, int order) {
-  Cursor r;
-  std::memset(&r, 0, sizeof(r));
-  const uint32_t m = order > 1 ? static_cast<uint32_t>(order - 1) : 0;
-  if (token < 0 || m == 0) return r;
-  r.length = std::min(c.length + 1, m);
-  r.tokens[0] = token;
-  for (uint32_t j = 1; j < r.length; ++j) r.tokens[j] = c.tokens[j - 1];
-  return r;
-}
-
-Cursor resolve_context(const TrieFile& trie, const Cursor& c) {
-  int32_t oldest_first[kMaxOrder - 1];
-  for (uint32_t j = 0; j < c.length; ++j) oldest_first[j] = c.tokens[c.length - 1 - j];
-  return trie.cursor(oldest_first, c.length);
-}
-
 bool TopkMemo::Key::operator==(const Key& o) const {
   return length == o.length && k == o.k &&
          std::equal(tokens, tokens + length, o.tokens);
@@ -56,7 +39,7 @@ const std::vector<Scored>& TopkMemo::topk(const TrieFile& trie, const Cursor& co
   }
   ++misses_;
   if (map_.size() >= max_entries_) map_.clear();  // bounded: start over rather than track ages
-  return map_.emplace(key, trie.topk(resolve_context(trie, context), k, nullptr)).first->second;
+  return map_.emplace(key, trie.topk(trie.resolve(context), k, nullptr)).first->second;
 }
 
 }  // namespace treespec::ngram

@@ -7,8 +7,8 @@
 // context's last order-1 tokens, so answers are kept in a bounded map (emptied when full) and a
 // repeated context costs one hash probe and no trie access at all.
 //
-// Contexts here are token-only cursors: Cursor::tokens / length set, nodes ignored (the trie
-// nodes are looked up only on a miss). Not for tries with an online layer (their counts move).
+// Contexts here are token-only cursors (TrieFile::token_cursor / advance_tokens): the trie
+// nodes are looked up only on a miss. Not for tries with an online layer (their counts move).
 // Not thread-safe: callers serialise access (the Python binding holds a mutex per trie).
 #pragma once
 
@@ -21,16 +21,10 @@
 
 namespace treespec::ngram {
 
-// The token-only cursor of the context `c` followed by `token` (TrieFile::advance without the
-// node lookups: a negative token resets the context, at most order-1 tokens are kept).
-Cursor shift_context(const Cursor& c, int32_t token, int order);
-// The full cursor (trie nodes filled in) of a token-only cursor.
-Cursor resolve_context(const TrieFile& trie, const Cursor& c);
-
 class TopkMemo {
  public:
   explicit TopkMemo(size_t max_entries = size_t{1} << 14);
-  // trie.topk(resolve_context(trie, context), k, nullptr), from the memo when it has it. The
+  // trie.topk(trie.resolve(context), k, nullptr), from the memo when it has it. The
   // reference stays valid until the next call. A memo serves one trie; another one empties it.
   const std::vector<Scored>& topk(const TrieFile& trie, const Cursor& context, int64_t k);
 

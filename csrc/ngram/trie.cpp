@@ -295,13 +295,19 @@ Cursor TrieFile::empty_cursor() const {
   return c;
 }
 
-Cursor TrieFile::advance(const Cursor& c, int32_t token) const {
+Cursor TrieFile::advance_tokens(const Cursor& c, int32_t token) const {
   Cursor r = empty_cursor();
   const uint32_t m = header_->order - 1;
   if (token < 0 || m == 0) return r;  // a negative token (padding, unknown) resets the context
   r.length = std::min(c.length + 1, m);
   r.tokens[0] = token;
   for (uint32_t j = 1; j < r.length; ++j) r.tokens[j] = c.tokens[j - 1];
+  return r;
+}
+
+Cursor TrieFile::advance(const Cursor& c, int32_t token) const {
+  Cursor r = advance_tokens(c, token);
+  if (r.length == 0) return r;
   r.nodes[0] = unigram(token);
   for (uint32_t j = 1; j < r.length && r.nodes[j - 1] != kNoNode; ++j) {
     const uint32_t prev = c.nodes[j - 1];  // suffix of length j of the old context, depth j
@@ -316,6 +322,19 @@ Cursor TrieFile::cursor(const int32_t* context, int64_t len) const {
   const int64_t m = header_->order - 1;
   for (int64_t i = std::max<int64_t>(0, len - m); i < len; ++i) c = advance(c, context[i]);
   return c;
+}
+
+Cursor TrieFile::token_cursor(const int32_t* context, int64_t len) const {
+  Cursor c = empty_cursor();
+  const int64_t m = header_->order - 1;
+  for (int64_t i = std::max<int64_t>(0, len - m); i < len; ++i) c = advance_tokens(c, context[i]);
+  return c;
+}
+
+Cursor TrieFile::resolve(const Cursor& c) const {
+  int32_t oldest_first[kMaxOrder - 1];
+  for (uint32_t j = 0; j < c.length; ++j) oldest_first[j] = c.tokens[c.length - 1 - j];
+  return cursor(oldest_first, c.length);
 }
 
 void TrieFile::check_cursor(const Cursor& c) const {

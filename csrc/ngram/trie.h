@@ -70,6 +70,12 @@ class TrieFile {
   // Cursor of a context (oldest token first); negative tokens mean "no token" (padding).
   Cursor cursor(const int32_t* context, int64_t len) const;
   Cursor advance(const Cursor& c, int32_t token) const;
+  // Token-only cursors (tokens / length set, nodes left absent): the same context rules as
+  // cursor() / advance() without the node lookups, for callers that look nodes up only when
+  // they need them (topk_memo.h); resolve() fills in the nodes.
+  Cursor token_cursor(const int32_t* context, int64_t len) const;
+  Cursor advance_tokens(const Cursor& c, int32_t token) const;
+  Cursor resolve(const Cursor& c) const;
   // Throws TrieFormatError unless every node of `c` is a valid node of the right depth.
   void check_cursor(const Cursor& c) const;
 
