@@ -61,8 +61,9 @@ class NgramTrieConfig:
     type: Literal["ngram_trie"] = spec(doc="Drafter kind.")
     path: str = spec("fixture:stdlib-3gram", doc=(
         "Trie file, or fixture:stdlib-3gram / fixture:stdlib-5gram (built on first use from the "
-        "Python stdlib with the served model's tokenizer). Its tokenizer fingerprint must match "
-        "the served model's."))
+        "Python stdlib with the served model's tokenizer), or fixture:code-lm-distill-5gram (the "
+        "code-LM fixture's own continuations; `vllm-treespec train trie` builds one for any model). "
+        "Its tokenizer fingerprint must match the served model's."))
     order: int | None = spec(None, ge=1, le=16, doc="Expected trie order; null accepts the file's.")
     k: int = spec(4, ge=1, le=64, doc="Continuations per node a tree builder may expand.")
     min_context: int = spec(1, ge=0, le=15, doc=(

@@ -1,9 +1,11 @@
-"""`vllm-treespec train {data,dart,jetspec}`: regenerate training data with the target, train a
-DART or JetSpec head (the diffusion-style head is `train jetspec --within-block bidirectional`).
+"""`vllm-treespec train {data,dart,jetspec,trie}`: regenerate training data with the target, train a
+DART or JetSpec head (the diffusion-style head is `train jetspec --within-block bidirectional`),
+or count the target's own continuations into a drafter trie (train/distill_trie.py).
 
     vllm-treespec train data fixture:code-lm --out data/code --num-prompts 256 --max-tokens 128
     vllm-treespec train dart fixture:code-lm --data data/code --out heads/dart --steps 600
     vllm-treespec train jetspec fixture:code-lm --data data/code --out heads/jetspec --steps 600
+    vllm-treespec train trie fixture:code-lm --out code-lm.trie --prompts prompts.jsonl --order 5
 
 `train data` writes shards plus data.json (target, feature layers, top-K, prompts recipe);
 `train dart|jetspec` reads them, holds out every tenth sequence (at least one) for evaluation,
@@ -35,6 +37,26 @@ def add_subcommands(subparsers: Any) -> None:
     d.add_argument("--temperature", type=float, default=0.0)
     d.add_argument("--seed", type=int, default=0)
     d.set_defaults(func=cmd_data)
+    tt = sub.add_parser("trie", help="count the target's own continuations into an n-gram trie "
+                                     "(a self-distilled drafter trie)")
+    tt.add_argument("model", help="target model directory or fixture:NAME")
+    tt.add_argument("--out", required=True, type=Path, help="output trie file")
+    tt.add_argument("--prompts", type=Path, default=None, metavar="JSONL",
+                    help="prompts like the served traffic: one JSON string or {\"prompt\": ...} per line "
+                         "(default: --num-prompts prompts from the fixture corpus' training split)")
+    tt.add_argument("--num-prompts", type=int, default=2048, help="corpus prompts without --prompts")
+    tt.add_argument("--prompt-chars", type=int, default=600, help="corpus prompt length without --prompts")
+    tt.add_argument("--max-tokens", type=int, default=128, help="continuation tokens per prompt")
+    tt.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (match the served sampling)")
+    tt.add_argument("--seed", type=int, default=0)
+    tt.add_argument("--order", type=int, default=5, help="n: longest n-gram kept")
+    tt.add_argument("--min-count", type=int, default=1, help="drop n-grams (n >= 2) seen fewer times")
+    tt.add_argument("--context", type=int, default=4,
+                    help="prompt tokens kept before each continuation (its first n-grams' context)")
+    tt.add_argument("--max-model-len", type=int, default=2048)
+    tt.add_argument("--dtype", default="auto", help="generation dtype (default: the served one, auto)")
+    tt.add_argument("--report", type=Path, default=None, help="also write the build report (JSON) here")
+    tt.set_defaults(func=cmd_trie)
     for kind, about in (("dart", "train a DART head (prefix-shared mask, annealed KL)"),
                         ("jetspec", "train a JetSpec head (random anchors, block mask, forward KL at T)")):
         t = sub.add_parser(kind, help=f"{about} on shards from `train data`")
@@ -91,6 +113,35 @@ def cmd_data(ns: argparse.Namespace) -> int:
                 "shards": [p.name for p in paths]}
     (ns.out / "data.json").write_text(json.dumps(manifest, indent=2) + "\n")
     print(ns.out)
+    return 0
+
+
+def cmd_trie(ns: argparse.Namespace) -> int:
+    from vllm_treespec.fixtures.corpus import training_prompts
+    from vllm_treespec.train.distill_trie import build_distilled_trie, read_prompts
+
+    for flag, value, low in (("--num-prompts", ns.num_prompts, 1), ("--max-tokens", ns.max_tokens, 1),
+                             ("--order", ns.order, 1), ("--min-count", ns.min_count, 1),
+                             ("--context", ns.context, 0)):
+        if value < low:
+            print(f"error: {flag} must be >= {low}, got {value}", file=sys.stderr)
+            return 2
+    try:
+        prompts = (read_prompts(ns.prompts) if ns.prompts is not None
+                   else training_prompts(ns.num_prompts, ns.prompt_chars, seed=ns.seed))
+    except (OSError, ValueError) as e:
+        print(f"error: --prompts: {e}", file=sys.stderr)
+        return 2
+    report = build_distilled_trie(
+        _model_dir(ns.model), prompts, ns.out, max_tokens=ns.max_tokens, temperature=ns.temperature,
+        seed=ns.seed, order=ns.order, min_count=ns.min_count, context=ns.context,
+        engine={"dtype": ns.dtype, "max_model_len": ns.max_model_len})
+    report["prompts_source"] = str(ns.prompts) if ns.prompts is not None else (
+        f"vllm_treespec.fixtures.corpus.training_prompts({ns.num_prompts}, {ns.prompt_chars}, seed={ns.seed})")
+    text = json.dumps(report, indent=2, default=str)
+    if ns.report is not None:
+        ns.report.write_text(text + "\n")
+    print(text)
     return 0
 
 
