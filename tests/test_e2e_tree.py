@@ -6,7 +6,8 @@ max_tokens cuts, stop strings, prompts that run into max_model_len, long prompts
 chunked prefill, repeated prompts served from the prefix cache, and a batch mixing requests that
 trees cannot serve exactly (logprobs, penalties, min_tokens: they decode without drafts) with
 plain ones. Trees of 1, 8, 16 and 64 nodes; prompt-lookup trees (several matches), n-gram
-trie trees (best-first) and lookup-trie trees (both mixed; also cut by drafter.min_path_prob).
+trie trees (best-first) and lookup-trie trees (both mixed; also cut by drafter.min_path_prob;
+also over the self-distilled trie fixture).
 A tiny KV cache forces preemption in a separate pair of engines. The token budget
 (max_num_batched_tokens) is small enough that the scheduler cuts trees to a prefix of their
 nodes at concurrency 32.
@@ -37,6 +38,9 @@ TREES = {  # name -> (num_speculative_tokens = most nodes per tree, deployment c
     # drafter.min_path_prob: trees cut where the drafter's own path probability gets low
     "lookup-trie-floor-16": (16, {**LOOKUP_TRIE_TREE,
                                   "drafter": {"type": "lookup_trie", "min_path_prob": 0.03}}),
+    # the self-distilled trie (the code-LM's own continuations): deep, confident trees
+    "lookup-trie-distilled-16": (16, {**LOOKUP_TRIE_TREE,
+                                      "drafter": {"type": "lookup_trie", "path": "fixture:code-lm-distill-5gram"}}),
 }
 N = 64
 PROMPTS = corpus.held_out_prompts(N, prompt_chars=400, seed=11)
