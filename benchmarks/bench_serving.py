@@ -85,6 +85,10 @@ TREE_FAMILIES = {   # --tree-configs name -> (preset or inline config, label)
     "prompt-lookup-tree": ("prompt-lookup-tree", None),
     "lookup-trie": ("lookup-trie", None),
     "lookup-trie-tree": ("lookup-trie-tree", None),
+    "lookup-trie-deep": ("lookup-trie-deep", None),
+    # over the self-distilled trie (fixture:code-lm-distill-5gram: code-lm only; not in the
+    # default set, name it in --tree-configs)
+    "lookup-trie-distilled": ("lookup-trie-distilled", None),
     # lookup-trie with drafter.min_path_prob: no node whose path the drafter rates below it
     "lookup-trie-floor": ({"drafter": {"type": "lookup_trie", "min_path_prob": 0.01},
                            "tree": {"builder": "chain", "max_depth": 16}}, "lookup-trie-p0.01"),
@@ -98,6 +102,9 @@ TREE_FAMILIES = {   # --tree-configs name -> (preset or inline config, label)
 }
 
 
+OPT_IN_FAMILIES = ("lookup-trie-distilled",)
+
+
 def tree_configs(budgets: list[int], continue_probs: list[float] = (),
                  families: list[str] | None = None) -> list:
     """Chain vs trees of each drafter at each node budget (K = budget)."""
@@ -106,7 +113,7 @@ def tree_configs(budgets: list[int], continue_probs: list[float] = (),
     out = []
     for b in budgets:
         out += [treespec(b, TREE_FAMILIES[f][0], label=TREE_FAMILIES[f][1])
-                for f in (families or TREE_FAMILIES)]
+                for f in (families or [f for f in TREE_FAMILIES if f not in OPT_IN_FAMILIES])]
         out += [treespec(b, {"drafter": {"type": "prompt_lookup", "max_matches": 8, "continue_prob": p},
                              "tree": {"builder": "best_first"}}, label=f"prompt-lookup-tree-cp{p}")
                 for p in continue_probs]
@@ -164,6 +171,10 @@ def run_and_record(ns: argparse.Namespace, benchmark: str, configs: list, refere
     from vllm_treespec.serving import CPU_SERVE_ARGS
 
     label, model_dir, meta = resolve_model(ns)
+    if "lookup-trie-distilled" in (getattr(ns, "tree_configs", None) or ()):
+        from vllm_treespec.ngram.fixture import build_trie_fixture
+
+        build_trie_fixture("code-lm-distill-5gram", model_dir)   # before any server starts
     hw = hardware_info()
     print(hardware_line(hw), flush=True)
     prompts = held_out_prompts(ns.num_prompts, ns.prompt_chars, seed=ns.seed)

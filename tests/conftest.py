@@ -39,6 +39,15 @@ def code_lm_model() -> Path:
     return build_fixture("code-lm")
 
 
+@pytest.fixture(scope="session")
+def code_lm_distilled_trie(code_lm_model) -> Path:
+    """fixture:code-lm-distill-5gram, built before any engine starts (about 2 minutes fresh):
+    engines would otherwise build it inside their worker, where the startup wait is shorter."""
+    from vllm_treespec.ngram.fixture import build_trie_fixture
+
+    return build_trie_fixture("code-lm-distill-5gram", code_lm_model)
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Thousands of tiny tensor ops: on a shared 2-core host, OpenMP spin-waits make them ~20x

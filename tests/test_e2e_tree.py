@@ -82,7 +82,7 @@ def _phases(model_dir) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def runs(code_lm_model):
+def runs(code_lm_model, code_lm_distilled_trie):
     phases = _phases(code_lm_model)
     out = {"off": run_engine(code_lm_model, ENGINE, phases)}
     for name in TREES:
