@@ -304,6 +304,7 @@ SHARE = textwrap.dedent("""
         elif len(parts) >= 6 and "-" in parts[0]:
             cur = None
     print(json.dumps(maps), flush=True)
+    sys.stdin.readline()  # stay mapped until every process has reported; an early exit unshares the pages
 """)
 
 
