@@ -58,6 +58,21 @@ def test_budget_never_passes_max_model_len():
     assert p.propose_step(runner, _sched(), [[3]]) == [[9, 1]]
 
 
+def test_drafts_stop_where_max_tokens_would_cut_them(proposer):
+    """Nodes past max_tokens would be verified rows whose tokens are cut (and counted as
+    accepted by vLLM's counters): a request with 3 tokens left gets at most 2 drafts."""
+    from vllm import SamplingParams
+
+    runner = _runner([[1, 2, 3, 9, 1, 2, 3]], ["a"])
+    runner.requests = {"a": SimpleNamespace(sampling_params=SamplingParams(max_tokens=5), num_prompt_tokens=5,
+                                            output_token_ids=[2, 3])}
+    assert proposer.propose_step(runner, _sched(), [[3]]) == [[9, 1]]
+    runner.requests["a"].sampling_params = SamplingParams(max_tokens=3)      # the last token is next
+    assert proposer.propose_step(runner, _sched(), [[3]]) == [[]]
+    runner.requests["a"].sampling_params = SamplingParams(max_tokens=100)
+    assert proposer.propose_step(runner, _sched(), [[3]]) == [[9, 1, 2, 3]]
+
+
 def test_trees_are_kept_per_request_and_freed_on_finish(proposer):
     runner = _runner([[1, 2, 3, 9, 1, 2, 3]], ["a"])
     assert proposer.propose_step(runner, _sched(), [[3]]) == [[9, 1, 2, 3]]

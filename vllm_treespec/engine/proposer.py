@@ -150,6 +150,17 @@ class TreeProposer:
             st = self.requests[req_id] = RequestStats()
         return st
 
+    def _output_room(self, runner: Any, req_id: str, num_tokens: int) -> int:
+        """Drafts the request can still emit: max_tokens minus its output so far, minus the token
+        the next step emits anyway. Deeper nodes would be verified rows whose tokens are cut
+        (and counted as accepted by vLLM's spec-decode counters although never emitted)."""
+        cached = self._cached(runner, req_id)
+        max_tokens = getattr(getattr(cached, "sampling_params", None), "max_tokens", None)
+        num_prompt = getattr(cached, "num_prompt_tokens", None)
+        if max_tokens is None or num_prompt is None:
+            return self.node_budget
+        return max(int(max_tokens) - (num_tokens - int(num_prompt)) - 1, 0)
+
     def blocker(self, req_id: str, runner: Any) -> str | None:
         """Why this request may not be verified as a tree this step (None = it may).
 
@@ -245,6 +256,8 @@ class TreeProposer:
                     fb = self.requests[req_ids[i]].fallback_steps
                     fb[reason] = fb.get(reason, 0) + 1
                     self.stats.observe_fallback(reason)
+                else:
+                    caps[i] = min(cap, self._output_room(runner, req_ids[i], lengths[i]))
         budgets = np.array(caps, dtype=np.int64)
         sampling = None
         if getattr(self.drafter, "samples_drafts", False):
