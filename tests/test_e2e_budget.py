@@ -50,7 +50,9 @@ def test_budget_modes_are_lossless(runs, mode, concurrency):
 def test_table_drafts_alone_and_decodes_plainly_under_load(runs):
     alone = runs["table", 1]["proposer"][0]["stats"]
     loaded = runs["table", 8]["proposer"][0]["stats"]
-    assert alone["verified_trees"] > 0 and alone["mean_budget"] == 6
+    assert alone["verified_trees"] > 0 and {int(b) for b in alone["budget_choices"]} == {6}
+    # per request the table's 6 nodes, less in a request's last steps (no drafts past max_tokens)
+    assert 4 < alone["mean_budget"] < 6
     # the first decode step can see a single request before the others join the batch
     assert loaded["verified_trees"] <= 1 and loaded["mean_budget"] < 0.5
 
