@@ -77,7 +77,9 @@ def test_drafts_were_sampled_and_accepted(sampled, shape):
     assert state["drafter"]["sampled_trees"] > 1000
     stats = state["stats"]
     if shape != "chain":
-        assert stats["accepted"] > 0.2 * stats["verified_trees"]  # the noisy draft is often right
+        # the noisy draft is often right: ~0.2 accepted per tree, fewer in a request's last steps,
+        # where trees shrink to the tokens max_tokens leaves (an all-rejecting verifier gives 0)
+        assert stats["accepted"] > 0.1 * stats["verified_trees"]
         assert stats["kv_moves"] > 0                              # accepted off the first chain
     else:
         assert stats["accepted"] > 0.99 * stats["verified_nodes"]  # q = p: every draw accepted
