@@ -88,6 +88,25 @@ def test_tree_nodes_and_catch_up_equal_fresh_forwards(make):
             assert lm.cached_tokens(req_ids[b]) == len(contexts[b]) - len(accepted) - 1
 
 
+def test_one_request_steps_use_its_own_slot():
+    """Steps with a single request take the no-gather path (cache views of its slot): trees and
+    catch-ups there equal fresh forwards too, for a slot other than 0 and after other requests'
+    steps wrote their slots."""
+    model = _qwen3(seed=5)
+    rng = np.random.default_rng(2)
+    lm = TransformerDraftLM(model, max_requests=3, max_len=200, max_tree_nodes=40)
+    req_ids = ["a", "b", "c"]
+    contexts = [rng.integers(0, VOCAB, size=n).astype(np.int64) for n in (9, 21, 4)]
+    assert lm.admit(req_ids).all()
+    _random_tree_step(lm, model, rng, req_ids, contexts)            # every slot holds a cache
+    for step in range(4):
+        b = [1, 2, 1, 0][step]
+        paths = _random_tree_step(lm, model, rng, [req_ids[b]], [contexts[b]])
+        nodes = list(paths[0].values())
+        accepted = nodes[int(rng.integers(0, len(nodes)))]
+        contexts[b] = np.concatenate([contexts[b], accepted, [int(rng.integers(0, VOCAB))]]).astype(np.int64)
+
+
 def test_diverged_context_and_unchanged_context_resync():
     model = _qwen3(seed=3)
     rng = np.random.default_rng(1)

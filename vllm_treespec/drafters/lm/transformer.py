@@ -15,6 +15,8 @@ tokens are overwritten by the next catch-up, and never visible before that.
 
 Each call (catch-up or one tree level) is one batched forward: rows are grouped per request and
 padded, K/V gathered once per layer for the requests in the call, one SDPA with a boolean mask.
+A call with one request (every step at concurrency 1) skips the gather and the padding: SDPA
+reads views of that request's cache slot.
 """
 from __future__ import annotations
 
@@ -271,6 +273,9 @@ class TransformerDraftLM:
         t = rows.tokens.shape[0]
         g, r, width = rows.mask.shape[0], rows.mask.shape[2], rows.mask.shape[3]
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        # rows are grouped in slot order with `within` = arange per group, so with one group and no
+        # padding (r == t) the padded layout IS the row order
+        single = int(rows.group_slots[0]) if g == 1 and r == t else None
         for w, k_cache, v_cache in zip(self.weights, self.k_cache, self.v_cache):
             qkv = F.linear(_rms(x, w.in_norm), *w.qkv)
             q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
@@ -281,13 +286,21 @@ class TransformerDraftLM:
             k = k * cos + _rotate_half(k) * sin
             k_cache[rows.slots, rows.cols] = k.to(k_cache.dtype)
             v_cache[rows.slots, rows.cols] = v.to(v_cache.dtype)
-            kp = k_cache[rows.group_slots, :width].transpose(1, 2)        # [G, Hkv, L, D]
-            vp = v_cache[rows.group_slots, :width].transpose(1, 2)
-            qp = q.new_zeros(g, r, hq, d)
-            qp[rows.group, rows.within] = q
+            if single is not None:               # one request: cache views, no gather or padding
+                kp = k_cache[single:single + 1, :width].transpose(1, 2)    # [1, Hkv, L, D]
+                vp = v_cache[single:single + 1, :width].transpose(1, 2)
+                qp = q.unsqueeze(0)
+            else:
+                kp = k_cache[rows.group_slots, :width].transpose(1, 2)    # [G, Hkv, L, D]
+                vp = v_cache[rows.group_slots, :width].transpose(1, 2)
+                qp = q.new_zeros(g, r, hq, d)
+                qp[rows.group, rows.within] = q
             o = F.scaled_dot_product_attention(qp.transpose(1, 2), kp.to(q.dtype), vp.to(q.dtype),
                                                attn_mask=rows.mask, scale=self.scale, enable_gqa=True)
-            o = o.transpose(1, 2)[rows.group, rows.within].reshape(t, hq * d)
+            if single is not None:
+                o = o.transpose(1, 2)[0].reshape(t, hq * d)
+            else:
+                o = o.transpose(1, 2)[rows.group, rows.within].reshape(t, hq * d)
             x = x + F.linear(o, *w.o)
             gate, up = F.linear(_rms(x, w.post_norm), *w.gate_up).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, *w.down)
