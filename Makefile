@@ -14,7 +14,7 @@ demo: env
 	$(VENV)/bin/vllm-treespec demo
 
 test: env
-	$(VENV)/bin/python -m pytest -q -ra $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -q -ra --durations=25 $(PYTEST_ARGS)
 
 bench: env
 	$(VENV)/bin/python benchmarks/bench_serving.py
