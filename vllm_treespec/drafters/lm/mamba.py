@@ -37,14 +37,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from vllm_treespec.drafters.lm.base import DraftModelError
-from vllm_treespec.drafters.lm.slots import SlotTable
+from vllm_treespec.drafters.lm.slots import SlotOwner, SlotTable
 
 __all__ = ["MambaDraftLM", "SUPPORTED_ARCHITECTURES", "load_hf_mamba", "state_bytes_per_request"]
 
@@ -156,7 +156,7 @@ def load_hf_mamba(model_dir: Path | str, dtype: torch.dtype = torch.float32) -> 
         raise DraftModelError(f"{model_dir}: cannot load {arch}: {e}") from e
 
 
-class MambaDraftLM:
+class MambaDraftLM(SlotOwner):
     """`DraftLM` runtime for Hugging Face `MambaForCausalLM` and `Mamba2ForCausalLM` models.
 
     Build it with `MambaDraftLM.load(model_dir, max_requests=..., max_tree_nodes=...)` or from an
@@ -251,26 +251,6 @@ class MambaDraftLM:
                 raise DraftModelError(f"{self.architecture}: layer type {mixer.layer_type!r} is not a Mamba layer")
         if getattr(cfg, "conv_kernel", 1) < 1:
             raise DraftModelError(f"{self.architecture}: conv_kernel must be at least 1")
-
-    # ------------------------------------------------------------------ slots
-
-    def admit(self, req_ids: Sequence[str]) -> np.ndarray:
-        """bool [B]: which requests hold a cache slot for this step (LRU eviction outside the call).
-        A new owner's slot has consumed nothing, so its state and last tree are never reused."""
-        return self.slots.admit(req_ids)
-
-    def release(self, req_ids: Iterable[str]) -> None:
-        """Forget these requests' caches (unknown ids are ignored)."""
-        self.slots.release(req_ids)
-
-    @property
-    def evictions(self) -> int:
-        return self.slots.evictions
-
-    def cached_tokens(self, req_id: str) -> int:
-        """Committed tokens the request's state has consumed (0 when it has no slot)."""
-        slot = self.slots.slot(req_id)
-        return 0 if slot is None else self.slots.length(slot)
 
     # ------------------------------------------------------------------ step
 

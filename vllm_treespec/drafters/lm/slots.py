@@ -11,7 +11,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["SlotTable", "common_prefix"]
+__all__ = ["SlotTable", "SlotOwner", "common_prefix"]
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -85,3 +85,28 @@ class SlotTable:
     def record(self, slot: int, context: np.ndarray) -> None:
         """The slot's cache now holds exactly `context` (copied)."""
         self.consumed[slot] = np.array(context, dtype=np.int64)
+
+
+class SlotOwner:
+    """The slot half of the DraftLM protocol (base.py), shared by every runtime that keeps its
+    per-request caches in a `SlotTable` at ``self.slots``."""
+
+    slots: SlotTable
+
+    def admit(self, req_ids: Sequence[str]) -> np.ndarray:
+        """bool [B]: which requests hold a cache slot for this step (LRU eviction outside the call).
+        A new owner's slot has consumed nothing, so nothing cached for its slot is reused."""
+        return self.slots.admit(req_ids)
+
+    def release(self, req_ids: Iterable[str]) -> None:
+        """Forget these requests' caches (unknown ids are ignored)."""
+        self.slots.release(req_ids)
+
+    @property
+    def evictions(self) -> int:
+        return self.slots.evictions
+
+    def cached_tokens(self, req_id: str) -> int:
+        """Committed tokens the request's cache has consumed (0 when it has no slot)."""
+        slot = self.slots.slot(req_id)
+        return 0 if slot is None else self.slots.length(slot)

@@ -21,14 +21,14 @@ reads views of that request's cache slot.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from vllm_treespec.drafters.lm.base import DraftModelError
-from vllm_treespec.drafters.lm.slots import SlotTable
+from vllm_treespec.drafters.lm.slots import SlotOwner, SlotTable
 
 __all__ = ["TransformerDraftLM", "TRANSFORMER_ARCHITECTURES", "kv_bytes_per_slot"]
 
@@ -124,7 +124,7 @@ def _rms(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), norm[0], norm[1])
 
 
-class TransformerDraftLM:
+class TransformerDraftLM(SlotOwner):
     """DraftLM over an HF Llama-family causal LM (see the module docstring)."""
 
     def __init__(self, model: Any, *, max_requests: int, max_len: int, max_tree_nodes: int) -> None:
@@ -156,21 +156,7 @@ class TransformerDraftLM:
         self._parents: list[list[int]] = []
         self._depths: list[list[int]] = []
 
-    # -- DraftLM -------------------------------------------------------------------------
-    def admit(self, req_ids: Sequence[str]) -> np.ndarray:
-        return self.slots.admit(req_ids)
-
-    def release(self, req_ids: Iterable[str]) -> None:
-        self.slots.release(req_ids)
-
-    @property
-    def evictions(self) -> int:
-        return self.slots.evictions
-
-    def cached_tokens(self, req_id: str) -> int:
-        s = self.slots.slot(req_id)
-        return 0 if s is None else self.slots.length(s)
-
+    # -- DraftLM (admit, release, evictions, cached_tokens: SlotOwner) ----------------------
     @torch.inference_mode()
     def start_step(self, req_ids: Sequence[str], contexts: Sequence[np.ndarray]) -> torch.Tensor:
         slots, tokens, positions, last, fed = [], [], [], [], 0
