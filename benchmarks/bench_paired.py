@@ -122,7 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     from vllm_treespec.fixtures import build_fixture
     from vllm_treespec.fixtures.corpus import held_out_prompts
 
+    from vllm_treespec.fixtures.prebuild import prebuild_engine_fixtures
+
     model = str(build_fixture(ns.fixture))
+    for spec in (ns.a, ns.b):               # here, on every core, not in a core-pinned worker
+        prebuild_engine_fixtures(engine_kwargs(spec), model)
     prompts = held_out_prompts(ns.num_prompts, seed=0)
     ctx = mp.get_context("spawn")
     sides = []

@@ -38,8 +38,11 @@ def main(argv: list[str]) -> int:
         kw = ngram_engine_kwargs(k)
     elif mode != "off":                                         # preset, YAML path or inline JSON
         kw = treespec_engine_kwargs(k, treespec_value(mode))
-    llm = LLM(model=str(build_fixture("code-lm")), dtype="float32", enforce_eager=True,
-              max_model_len=1024, seed=0, **kw)
+    from vllm_treespec.fixtures.prebuild import prebuild_engine_fixtures
+
+    model = str(build_fixture("code-lm"))
+    prebuild_engine_fixtures(kw, model)                         # on every core, not in the pinned worker
+    llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=1024, seed=0, **kw)
     prompts = held_out_prompts(16, seed=0)
     params = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
     llm.generate(prompts[:2], params, use_tqdm=False)          # warm-up

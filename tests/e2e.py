@@ -15,7 +15,11 @@ TREESPEC = "vllm_treespec.TreeProposer"
 
 def run_engine(model: str | Path, engine: dict[str, Any], phases: list[dict[str, Any]],
                inspect_proposer: bool = False, timeout: float = 900, env: dict[str, str] | None = None) -> dict:
-    """Start `LLM(model, **engine)` in a fresh process, run `phases`, return the JSON result."""
+    """Start `LLM(model, **engine)` in a fresh process, run `phases`, return the JSON result.
+    Fixtures the config names are built here first, on every core (fixtures/prebuild.py)."""
+    from vllm_treespec.fixtures.prebuild import prebuild_engine_fixtures
+
+    prebuild_engine_fixtures(engine, model)
     with tempfile.TemporaryDirectory() as tmp:
         job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
         job.write_text(json.dumps({"model": str(model), "engine": engine, "phases": phases,

@@ -21,9 +21,11 @@ import tempfile
 from typing import Any
 
 
-def _validate_additional_config(args: list[str]) -> None:
-    """Validate the `treespec` entry of --additional-config (if any) before vLLM starts; a
-    draft model's directory, architecture and tokenizer are checked against the served model."""
+def _prepare_additional_config(args: list[str]) -> None:
+    """Validate the `treespec` entry of --additional-config (if any) before vLLM starts, and build
+    the fixtures it names here, on every core, rather than in vLLM's core-pinned worker
+    (fixtures/prebuild.py); a draft model's directory, architecture and tokenizer are checked
+    against the served model."""
     from vllm_treespec.config import ConfigError, from_additional_config
 
     raw: dict[str, Any] = {}
@@ -40,11 +42,17 @@ def _validate_additional_config(args: list[str]) -> None:
         return
     k = raw_spec.get("num_speculative_tokens")
     cfg = from_additional_config(raw.get("--additional-config"), k if isinstance(k, int) else None)
-    if cfg.drafter.type == "draft_model" and args and not args[0].startswith("-"):
+    if not args or args[0].startswith("-"):
+        return
+    from vllm_treespec.fixtures.prebuild import prebuild_fixtures
+
+    tokenizer = _flag_value(args, "--tokenizer") or args[0]
+    tokenizer_dir = tokenizer if os.path.isdir(tokenizer) else None
+    prebuild_fixtures(cfg, tokenizer_dir)
+    if cfg.drafter.type == "draft_model":
         from vllm_treespec.drafters.lm.loading import DraftModelSpec, check_draft_model
 
-        tokenizer = _flag_value(args, "--tokenizer") or args[0]
-        check_draft_model(DraftModelSpec(cfg.drafter.path), tokenizer if os.path.isdir(tokenizer) else None)
+        check_draft_model(DraftModelSpec(cfg.drafter.path), tokenizer_dir)
 
 
 def _flag_value(args: list[str], flag: str) -> str | None:
@@ -80,7 +88,7 @@ def cmd_serve(args: list[str]) -> int:
     from vllm_treespec.config import ConfigError
 
     try:
-        _validate_additional_config(args)
+        _prepare_additional_config(args)
     except ConfigError as e:
         print(f"vllm-treespec serve: {e}", file=sys.stderr)
         return 2

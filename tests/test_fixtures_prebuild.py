@@ -1,0 +1,72 @@
+"""prebuild_fixtures: the fixtures a config names are built by the caller (on every core) before
+an engine starts, not by vLLM's core-pinned worker; configs that name none build nothing, and
+configs the engine would reject build nothing in the test/benchmark path."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vllm_treespec.comparison import treespec_engine_kwargs
+from vllm_treespec.config import ConfigError, load_config
+from vllm_treespec.fixtures.prebuild import config_fixtures, prebuild_engine_fixtures, prebuild_fixtures
+
+
+@pytest.fixture
+def builds(monkeypatch):
+    """Record build calls instead of training anything."""
+    calls: list[tuple[str, str]] = []
+
+    def model(name):
+        calls.append(("model", name))
+        return Path(f"/cache/{name}")
+
+    def trie(name, tokenizer_dir, **_):
+        calls.append(("trie", name))
+        if name == "code-lm-distill-5gram":
+            raise ValueError(f"trie fixture {name!r} is counted from code-lm's continuations")
+        return Path(f"/cache/{name}.trie")
+
+    monkeypatch.setattr("vllm_treespec.fixtures.registry.build_fixture", model)
+    monkeypatch.setattr("vllm_treespec.ngram.fixture.build_trie_fixture", trie)
+    return calls
+
+
+def test_config_fixtures_lists_every_fixture_key():
+    assert config_fixtures(load_config("dart", None)) == [("drafter.path", "dart-head"),
+                                                          ("drafter.ngram", "stdlib-3gram")]
+    assert config_fixtures(load_config("mamba", None)) == [("drafter.path", "mamba-draft-lm")]
+    assert config_fixtures(load_config({"drafter": {"type": "draft_model", "path": "/models/d"}}, None)) == []
+    assert config_fixtures(load_config("prompt-lookup", None)) == []
+
+
+def test_prebuild_builds_models_heads_and_tries(builds, tmp_path):
+    prebuild_fixtures(load_config("dart", None), tmp_path)
+    assert builds == [("model", "dart-head"), ("trie", "stdlib-3gram")]
+    builds.clear()
+    prebuild_fixtures(load_config("dart", None), None)        # no tokenizer: the trie is left to the engine
+    assert builds == [("model", "dart-head")]
+    builds.clear()
+    prebuild_fixtures(load_config({"drafter": {"type": "ngram_trie", "path": "fixture:nope"}}, None), tmp_path)
+    assert builds == []                                       # not a fixture: the engine names the key
+
+
+def test_prebuild_error_names_the_key(builds, tmp_path):
+    cfg = load_config({"drafter": {"type": "lookup_trie", "path": "fixture:code-lm-distill-5gram"}}, None)
+    with pytest.raises(ConfigError, match="drafter.path: trie fixture 'code-lm-distill-5gram'"):
+        prebuild_fixtures(cfg, tmp_path)
+
+
+def test_prebuild_engine_fixtures_reads_the_engine_kwargs(builds, tmp_path):
+    assert prebuild_engine_fixtures(treespec_engine_kwargs(8, "mamba"), tmp_path) == [Path("/cache/mamba-draft-lm")]
+    assert prebuild_engine_fixtures({}, tmp_path) == []                                   # no speculation
+    ngram = {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4}}
+    assert prebuild_engine_fixtures(ngram, tmp_path) == []
+    bad = treespec_engine_kwargs(4, {"drafter": {"type": "draft_model", "path": "fixture:draft-lm"},
+                                     "budget": {"max_nodes": 9}})
+    assert prebuild_engine_fixtures(bad, tmp_path) == []                                  # engine reports it
+    distilled = treespec_engine_kwargs(8, {"drafter": {"type": "lookup_trie",
+                                                       "path": "fixture:code-lm-distill-5gram"}})
+    assert prebuild_engine_fixtures(distilled, tmp_path) == []                            # engine reports it
+    assert builds == [("model", "mamba-draft-lm"), ("trie", "code-lm-distill-5gram")]
+
