@@ -14,12 +14,22 @@ TREESPEC = "vllm_treespec.TreeProposer"
 
 
 def run_engine(model: str | Path, engine: dict[str, Any], phases: list[dict[str, Any]],
-               inspect_proposer: bool = False, timeout: float = 900, env: dict[str, str] | None = None) -> dict:
+               inspect_proposer: bool = False, timeout: float = 900, env: dict[str, str] | None = None,
+               multiprocess: bool | None = None) -> dict:
     """Start `LLM(model, **engine)` in a fresh process, run `phases`, return the JSON result.
-    Fixtures the config names are built here first, on every core (fixtures/prebuild.py)."""
+    Fixtures the config names are built here first, on every core (fixtures/prebuild.py).
+
+    `multiprocess` (default: when inspecting the proposer): the engine core and the worker run in
+    their own processes, as under `vllm serve`; otherwise inside this one. vLLM's CPU platform
+    spawns them, and each spawn re-imports vLLM (about 20 of a tiny engine's 36 seconds on the
+    dev VM). Inspection needs the processes: the worker learns which requests finished, and
+    frees their proposer state, on the engine's next step, which only an engine core running on
+    its own takes after the last request."""
     from vllm_treespec.fixtures.prebuild import prebuild_engine_fixtures
 
     prebuild_engine_fixtures(engine, model)
+    if multiprocess is None:
+        multiprocess = inspect_proposer
     with tempfile.TemporaryDirectory() as tmp:
         job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
         job.write_text(json.dumps({"model": str(model), "engine": engine, "phases": phases,
@@ -28,7 +38,8 @@ def run_engine(model: str | Path, engine: dict[str, Any], phases: list[dict[str,
         with open(log, "w") as f:
             proc = subprocess.run([sys.executable, str(RUNNER), str(job), str(out)], stdout=f,
                                   stderr=subprocess.STDOUT, timeout=timeout,
-                                  env={**os.environ, **(env or {})})
+                                  env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if multiprocess else "0",
+                                       **(env or {})})
         if proc.returncode != 0 or not out.exists():
             text = log.read_text()
             errors = "\n".join(line for line in text.splitlines() if "Error:" in line)[-3000:]

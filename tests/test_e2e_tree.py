@@ -157,7 +157,7 @@ def test_greedy_equal_under_preemption_with_trees(preempt_runs):
     assert_same_outputs(preempt_runs["off"], preempt_runs["on"])
 
 
-TP_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+TP_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}   # as served
 
 
 @pytest.fixture(scope="module")
