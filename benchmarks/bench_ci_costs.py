@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))       # tests/e2e.py: the suite's own engine runner
 
 _TRAIN = """
 import dataclasses, json, os, sys, time
@@ -50,7 +51,6 @@ def train_steps(mode: str, steps: int) -> dict:
 
 
 def engine_run(multiprocess: bool) -> dict:
-    sys.path.insert(0, str(ROOT / "tests"))
     from e2e import greedy, run_engine
 
     from vllm_treespec.fixtures import build_fixture

@@ -121,7 +121,6 @@ def main(argv: list[str] | None = None) -> int:
     ns = parse_args(argv)
     from vllm_treespec.fixtures import build_fixture
     from vllm_treespec.fixtures.corpus import held_out_prompts
-
     from vllm_treespec.fixtures.prebuild import prebuild_engine_fixtures
 
     model = str(build_fixture(ns.fixture))

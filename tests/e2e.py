@@ -21,8 +21,8 @@ def run_engine(model: str | Path, engine: dict[str, Any], phases: list[dict[str,
 
     `multiprocess` (default: when inspecting the proposer): the engine core and the worker run in
     their own processes, as under `vllm serve`; otherwise inside this one. vLLM's CPU platform
-    spawns them, and each spawn re-imports vLLM (about 20 of a tiny engine's 36 seconds on the
-    dev VM). Inspection needs the processes: the worker learns which requests finished, and
+    spawns them, and each spawn re-imports vLLM (a tiny engine's run: 30.6 s spawned, 13.8 s
+    inside, `benchmarks/results/bench_ci_costs.json`). Inspection needs the processes: the worker learns which requests finished, and
     frees their proposer state, on the engine's next step, which only an engine core running on
     its own takes after the last request."""
     from vllm_treespec.fixtures.prebuild import prebuild_engine_fixtures
