@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from vllm_treespec.config import (CONFIGS_DIR, ConfigError, config_reference, from_additional_config,
-                                  load_config, resolve_path)
+                                  from_engine_args, load_config, resolve_path)
 
 OK = {"drafter": {"type": "prompt_lookup"}}
 DM = {"type": "draft_model", "path": "fixture:draft-lm"}
@@ -25,6 +25,16 @@ def test_every_drafter_preset_is_valid(preset):
 def test_missing_treespec_entry_uses_default_preset():
     assert from_additional_config({}, 4).drafter.type == "prompt_lookup"
     assert from_additional_config(None, 4).drafter.type == "prompt_lookup"
+
+
+def test_engine_args_name_treespec_or_not():
+    spec = {"model": "vllm_treespec.TreeProposer", "method": "custom_class", "num_speculative_tokens": 8}
+    cfg = from_engine_args(spec, {"treespec": {**OK, "budget": {"max_nodes": 3}}})
+    assert cfg is not None and cfg.node_budget(8) == 3
+    assert from_engine_args({"method": "ngram", "num_speculative_tokens": 4}, {"treespec": OK}) is None
+    assert from_engine_args(None, None) is None
+    with pytest.raises(ConfigError, match="additional-config"):
+        from_engine_args(spec, ["not", "a", "mapping"])
 
 
 def test_inline_mapping_and_budget():

@@ -26,7 +26,7 @@ def _prepare_additional_config(args: list[str]) -> None:
     the fixtures it names here, on every core, rather than in vLLM's core-pinned worker
     (fixtures/prebuild.py); a draft model's directory, architecture and tokenizer are checked
     against the served model."""
-    from vllm_treespec.config import ConfigError, from_additional_config
+    from vllm_treespec.config import ConfigError, from_engine_args
 
     raw: dict[str, Any] = {}
     for flag in ("--additional-config", "--speculative-config"):
@@ -37,12 +37,8 @@ def _prepare_additional_config(args: list[str]) -> None:
             raw[flag] = json.loads(value)
         except json.JSONDecodeError as e:
             raise ConfigError(f"{flag}: not valid JSON ({e}): {value}") from None
-    raw_spec = raw.get("--speculative-config")
-    if not isinstance(raw_spec, dict) or "TreeProposer" not in str(raw_spec.get("model", "")):
-        return
-    k = raw_spec.get("num_speculative_tokens")
-    cfg = from_additional_config(raw.get("--additional-config"), k if isinstance(k, int) else None)
-    if not args or args[0].startswith("-"):
+    cfg = from_engine_args(raw.get("--speculative-config"), raw.get("--additional-config"))
+    if cfg is None or not args or args[0].startswith("-"):
         return
     from vllm_treespec.fixtures.prebuild import prebuild_fixtures
 

@@ -23,7 +23,8 @@ DEFAULT_PRESET = "prompt-lookup"
 ADDITIONAL_CONFIG_KEY = "treespec"
 
 __all__ = ["ConfigError", "TreespecConfig", "PromptLookupConfig", "LookupTrieConfig", "DraftModelConfig",
-           "BudgetConfig", "BudgetRule", "AutoBudgetConfig", "load_config", "config_reference"]
+           "BudgetConfig", "BudgetRule", "AutoBudgetConfig", "load_config", "from_engine_args",
+           "config_reference"]
 
 
 def _check_ngram_range(section: Any, prefix: str) -> None:
@@ -688,6 +689,15 @@ def from_additional_config(additional_config: Any, num_speculative_tokens: int |
     if not isinstance(additional_config, Mapping):
         raise ConfigError(f"--additional-config must be a JSON object, got {additional_config!r}")
     return load_config(additional_config.get(ADDITIONAL_CONFIG_KEY), num_speculative_tokens)
+
+
+def from_engine_args(speculative_config: Any, additional_config: Any) -> TreespecConfig | None:
+    """The deployment config of an engine whose speculative config names treespec's proposer,
+    or None for any other speculative method (what a front end checks before vLLM starts)."""
+    if not isinstance(speculative_config, Mapping) or "TreeProposer" not in str(speculative_config.get("model", "")):
+        return None
+    k = speculative_config.get("num_speculative_tokens")
+    return from_additional_config(additional_config, k if isinstance(k, int) else None)
 
 
 def config_reference() -> str:
