@@ -15,21 +15,19 @@ TREESPEC = "vllm_treespec.TreeProposer"
 
 def run_engine(model: str | Path, engine: dict[str, Any], phases: list[dict[str, Any]],
                inspect_proposer: bool = False, timeout: float = 900, env: dict[str, str] | None = None,
-               multiprocess: bool | None = None) -> dict:
+               multiprocess: bool = False) -> dict:
     """Start `LLM(model, **engine)` in a fresh process, run `phases`, return the JSON result.
     Fixtures the config names are built here first, on every core (fixtures/prebuild.py).
 
-    `multiprocess` (default: when inspecting the proposer): the engine core and the worker run in
-    their own processes, as under `vllm serve`; otherwise inside this one. vLLM's CPU platform
-    spawns them, and each spawn re-imports vLLM (a tiny engine's run: 30.6 s spawned, 13.8 s
-    inside, `benchmarks/results/bench_ci_costs.json`). Inspection needs the processes: the worker learns which requests finished, and
-    frees their proposer state, on the engine's next step, which only an engine core running on
-    its own takes after the last request."""
+    `multiprocess` (default off): the engine core and the worker run in their own processes, as
+    under `vllm serve`; otherwise inside the runner's. vLLM's CPU platform spawns them, and each
+    spawn re-imports vLLM (a tiny engine's run: 30.6 s spawned, 13.8 s inside,
+    `benchmarks/results/bench_ci_costs.json`). The server tests and the tensor-parallel runs keep
+    the spawned layout covered; `inspect_proposer` works in both (e2e_runner takes the flush step
+    an in-process engine does not take by itself)."""
     from vllm_treespec.fixtures.prebuild import prebuild_engine_fixtures
 
     prebuild_engine_fixtures(engine, model)
-    if multiprocess is None:
-        multiprocess = inspect_proposer
     with tempfile.TemporaryDirectory() as tmp:
         job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
         job.write_text(json.dumps({"model": str(model), "engine": engine, "phases": phases,

@@ -33,8 +33,12 @@ def _settled_proposer_state(llm, timeout_s: float = 20.0) -> list:
     """The proposer state once the engine has told the worker about the last finished requests.
 
     vLLM hands a worker the ids of requests that finished in step t with step t+1's scheduler
-    output; the engine core runs that flush step on its own, racing this RPC. Poll until no
-    request is tracked (a real leak never gets there and the caller's assertions fail)."""
+    output. An engine core in its own process runs that flush step on its own, racing this RPC;
+    one inside this process steps only when asked, so it is asked once here (the step schedules
+    no tokens and only delivers the finished ids). Then poll until no request is tracked (a real
+    leak never gets there and the caller's assertions fail)."""
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
+        llm.llm_engine.step()
     deadline = time.time() + timeout_s
     while True:
         state = llm.collective_rpc(_proposer_state)
