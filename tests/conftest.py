@@ -16,60 +16,6 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-# -- slow fixtures built in the background (vllm_treespec/fixtures/background.py) ---------------
-# A module marked `pytest.mark.background_fixtures("dart-head", ...)` has its uncached fixtures
-# built by a background process from the start of the session, on the core the session's vLLM
-# engines leave idle; TREESPEC_BACKGROUND_FIXTURES=0 turns this off.
-_BACKGROUND = pytest.StashKey[object]()
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "background_fixtures(*names): registry fixtures the module needs, "
-                                       "built ahead in a background process")
-
-
-def pytest_collection_finish(session):
-    if session.config.option.collectonly or os.environ.get("TREESPEC_BACKGROUND_FIXTURES", "1") == "0":
-        return
-    names: list[str] = []
-    for item in session.items:
-        marker = item.get_closest_marker("background_fixtures")
-        if marker is not None:
-            names.extend(n for n in marker.args if n not in names)
-    if not names:
-        return
-    from vllm_treespec.fixtures.background import missing_fixtures, start_background_build
-    from vllm_treespec.fixtures.cache import cache_root
-
-    todo = missing_fixtures(names)
-    if not todo:
-        return
-    log = cache_root() / "background-build.log"
-    session.config.stash[_BACKGROUND] = (start_background_build(todo, log), log)
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(f"[fixtures] building {' '.join(todo)} in the background (log: {log})")
-
-
-def pytest_sessionfinish(session):
-    from vllm_treespec.fixtures.background import stop_background_build
-
-    proc, _ = session.config.stash.get(_BACKGROUND, (None, None))
-    stop_background_build(proc)
-
-
-def pytest_terminal_summary(terminalreporter, config):
-    proc, log = config.stash.get(_BACKGROUND, (None, None))
-    if proc is not None and log.exists():
-        terminalreporter.write_sep("-", "background fixture builds")
-        for line in log.read_text().splitlines():
-            if line.startswith("[background]"):
-                terminalreporter.write_line(line)
-        if proc.returncode != 0:
-            terminalreporter.write_line(f"[background] ended with exit {proc.returncode} (negative: stopped "
-                                        "at session end; its log has the rest)")
-
-
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
     from vllm_treespec.fixtures import build_fixture

@@ -10,8 +10,7 @@ import torch
 
 from e2e import assert_same_outputs, greedy, run_engine, spec_config
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow,
-              pytest.mark.background_fixtures("head-data", "dart-head", "jetspec-head", "diffusion-head")]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ENGINE = dict(dtype="float32", enforce_eager=True, max_model_len=512, max_num_seqs=8, seed=0)
 PROMPTS = ["def fibonacci(n):\n    ", "import os\nimport sys\n\nclass Config:\n",
