@@ -14,6 +14,8 @@ nodes at concurrency 32.
 """
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from e2e import assert_same_outputs, greedy, run_engine, spec_config
@@ -157,7 +159,7 @@ def test_greedy_equal_under_preemption_with_trees(preempt_runs):
     assert_same_outputs(preempt_runs["off"], preempt_runs["on"])
 
 
-TP_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}   # as served
+TP_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
 
 
 @pytest.fixture(scope="module")
@@ -171,10 +173,11 @@ def tp_runs(tiny_model):
     auto = _spec("lookup-16")
     auto["additional_config"] = {"treespec": {**auto["additional_config"]["treespec"], "budget": {
         "mode": "auto", "auto": {"margin": 0.0, "patience": 1, "explore_every": 2}}}}
-    return {"off": run_engine(tiny_model, engine, phases, env=TP_ENV),
-            "on": run_engine(tiny_model, {**engine, **_spec("lookup-16")}, phases,
-                             inspect_proposer=True, env=TP_ENV),
-            "auto": run_engine(tiny_model, {**engine, **auto}, phases, inspect_proposer=True, env=TP_ENV)}
+    # spawned engine core and workers, as under `vllm serve`
+    run = functools.partial(run_engine, tiny_model, phases=phases, env=TP_ENV, multiprocess=True)
+    return {"off": run(engine),
+            "on": run({**engine, **_spec("lookup-16")}, inspect_proposer=True),
+            "auto": run({**engine, **auto}, inspect_proposer=True)}
 
 
 def test_greedy_equal_with_trees_under_tensor_parallelism(tp_runs):
