@@ -40,17 +40,8 @@ def parse_args(argv: list[str] | None):
     return ns
 
 
-def vllm_draft_model(k: int, draft_dir: Path):
-    import json
-
-    from vllm_treespec.comparison import ServeConfig
-
-    spec = {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": k}
-    return ServeConfig(f"vllm-draft K={k}", ("--speculative-config", json.dumps(spec)))
-
-
 def configs_for(ns) -> tuple[list, list[str]]:
-    from vllm_treespec.comparison import no_spec, treespec
+    from vllm_treespec.comparison import no_spec, treespec, vllm_draft_model
     from vllm_treespec.drafters.lm.loading import resolve_model_dir
     from vllm_treespec.tree.bandit import MAMBA_TEMPLATES
 

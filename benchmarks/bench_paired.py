@@ -10,9 +10,12 @@ and the ratio of summed times is the paired speedup. Greedy outputs are compared
 
     .venv/bin/python benchmarks/bench_paired.py                      # vLLM ngram K=12 vs lookup-trie K=16
     .venv/bin/python benchmarks/bench_paired.py --a ngram:16 --b lookup-trie-tree:8 --passes 3
+    .venv/bin/python benchmarks/bench_paired.py --a vllm-draft:4 \
+        --b '{"drafter": {"type": "draft_model", "path": "fixture:draft-lm"}, "tree": {"builder": "chain", "max_depth": 4}}:4'
     .venv/bin/python benchmarks/bench_paired.py --b '{"drafter": {"type": "lookup_trie"}}:16'
 
-A config is `off`, `ngram:K` (vLLM's ngram, n-gram range 1..4) or `TREESPEC:K`, TREESPEC being
+A config is `off`, `ngram:K` (vLLM's ngram, n-gram range 1..4), `vllm-draft:K` (vLLM's own
+linear `draft_model` method with the draft-LM fixture) or `TREESPEC:K`, TREESPEC being
 a preset name, a YAML path or an inline JSON mapping (the `treespec` value of additional_config).
 Engine steps are counted per prompt (prefill included: one step per prompt), so the record
 splits the speedup into tokens per step and milliseconds per step, and the step into the
@@ -33,28 +36,46 @@ from pathlib import Path
 from typing import Any
 
 
+VLLM_DRAFT = "fixture:draft-lm"     # the drafter of `vllm-draft:K` (the treespec draft-model preset's)
+
+
 def engine_kwargs(spec: str) -> dict[str, Any]:
     """LLM(...) keyword arguments of one config spec (see the module docstring)."""
     if spec == "off":
         return {}
     name, sep, k = spec.rpartition(":")
     if not sep or not k.isdigit() or not name:
-        raise ValueError(f"config {spec!r}: expected off, ngram:K or TREESPEC:K (K a positive integer)")
-    from vllm_treespec.comparison import ngram_engine_kwargs, treespec_engine_kwargs, treespec_value
+        raise ValueError(f"config {spec!r}: expected off, ngram:K, vllm-draft:K or TREESPEC:K "
+                         "(K a positive integer)")
+    from vllm_treespec.comparison import (ngram_engine_kwargs, treespec_engine_kwargs, treespec_value,
+                                          vllm_draft_engine_kwargs)
 
     if name == "ngram":
         return ngram_engine_kwargs(int(k))
+    if name == "vllm-draft":                # the path is resolved (built) in main(), not here
+        return vllm_draft_engine_kwargs(int(k), VLLM_DRAFT)
     return treespec_engine_kwargs(int(k), treespec_value(name))
 
 
-def _serve(conn: Any, spec: str, model: str, max_tokens: int) -> None:
+def resolved(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`kwargs` with a `fixture:NAME` draft model of vLLM's own draft_model method built and
+    replaced by its directory (vLLM itself only reads directories)."""
+    spec = kwargs.get("speculative_config", {})
+    if spec.get("method") != "draft_model":
+        return kwargs
+    from vllm_treespec.drafters.lm.loading import resolve_model_dir
+
+    return {**kwargs, "speculative_config": {**spec, "model": str(resolve_model_dir(spec["model"]))}}
+
+
+def _serve(conn: Any, kwargs: dict[str, Any], model: str, max_tokens: int) -> None:
     """Child process: one engine; answers (prompt) with (seconds, token ids) until None."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=1024, seed=0,
-              **engine_kwargs(spec))
+              **kwargs)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     engine, steps, forward = llm.llm_engine, [0], [0.0]
     by_rows: dict[int, list[float]] = {}    # forward calls by query rows: [count, seconds]
@@ -131,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     sides = []
     for spec in (ns.a, ns.b):               # started one after the other: never two warm-ups at once
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_serve, args=(child, spec, model, ns.max_tokens), daemon=True)
+        proc = ctx.Process(target=_serve, args=(child, resolved(engine_kwargs(spec)), model, ns.max_tokens),
+                           daemon=True)
         proc.start()
         if parent.recv() != "ready":
             raise RuntimeError(f"engine for {spec!r} did not start")

@@ -251,11 +251,24 @@ def test_bench_paired_config_specs():
     assert tree["speculative_config"] == {"model": "vllm_treespec.TreeProposer", "num_speculative_tokens": 16}
     assert tree["additional_config"] == {"treespec": {"drafter": {"type": "lookup_trie"}}}
     assert bench.engine_kwargs("lookup-trie-tree:8")["additional_config"] == {"treespec": "lookup-trie-tree"}
+    assert bench.engine_kwargs("vllm-draft:4")["speculative_config"] == {
+        "method": "draft_model", "model": "fixture:draft-lm", "num_speculative_tokens": 4}
+
+
+def test_bench_paired_resolves_vllm_draft_fixtures_only(monkeypatch, tmp_path):
+    bench = _load_script("bench_paired")
+    from vllm_treespec.drafters.lm import loading
+
+    monkeypatch.setattr(loading, "resolve_model_dir", lambda path: tmp_path / path.split(":")[-1])
+    assert bench.resolved(bench.engine_kwargs("vllm-draft:4"))["speculative_config"]["model"] == str(
+        tmp_path / "draft-lm")
+    for spec in ("off", "ngram:12", "lookup-trie-tree:8"):
+        assert bench.resolved(bench.engine_kwargs(spec)) == bench.engine_kwargs(spec)
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--b", "lookup-trie"], "expected off, ngram:K or TREESPEC:K"),
-    (["--a", "ngram:x"], "expected off, ngram:K or TREESPEC:K"),
+    (["--b", "lookup-trie"], "expected off, ngram:K, vllm-draft:K or TREESPEC:K"),
+    (["--a", "ngram:x"], "expected off, ngram:K, vllm-draft:K or TREESPEC:K"),
     (["--passes", "0"], "--passes must be at least 1, got 0"),
 ])
 def test_bench_paired_refuses_bad_arguments(argv, message, capsys):

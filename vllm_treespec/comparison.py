@@ -35,6 +35,12 @@ def ngram_engine_kwargs(k: int, min_n: int = NGRAM_MIN, max_n: int = NGRAM_MAX) 
                                    "prompt_lookup_min": min_n, "prompt_lookup_max": max_n}}
 
 
+def vllm_draft_engine_kwargs(k: int, draft_dir: str) -> dict[str, Any]:
+    """`LLM(...)` keyword arguments of vLLM's own `draft_model` method (linear drafts of `k`
+    tokens from the local model directory `draft_dir`; served: `vllm_draft_model`)."""
+    return {"speculative_config": {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": k}}
+
+
 def treespec_engine_kwargs(k: int, preset: str | dict = "prompt-lookup") -> dict[str, Any]:
     """`LLM(...)` keyword arguments of treespec with `k` speculative tokens and a preset name,
     YAML path or inline config (served: `treespec`)."""
@@ -51,6 +57,11 @@ def treespec_value(text: str) -> str | dict:
 def vllm_ngram(k: int, min_n: int = NGRAM_MIN, max_n: int = NGRAM_MAX) -> ServeConfig:
     spec = ngram_engine_kwargs(k, min_n, max_n)["speculative_config"]
     return ServeConfig(f"vllm-ngram K={k}", ("--speculative-config", json.dumps(spec)))
+
+
+def vllm_draft_model(k: int, draft_dir: str) -> ServeConfig:
+    spec = vllm_draft_engine_kwargs(k, draft_dir)["speculative_config"]
+    return ServeConfig(f"vllm-draft K={k}", ("--speculative-config", json.dumps(spec)))
 
 
 def treespec(k: int, preset: str | dict = "prompt-lookup", label: str | None = None) -> ServeConfig:
