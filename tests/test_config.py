@@ -101,6 +101,30 @@ def test_bad_values_name_the_key(raw, needles):
         assert needle in msg, f"{needle!r} missing from: {msg}"
 
 
+@pytest.mark.parametrize("raw, needles", [
+    ({"drafter": {"type": "lookup_tree"}}, ["drafter.type", "(did you mean 'lookup_trie'?)"]),
+    ({"drafter": {"type": "ngram_trie"}, "tree": {"builder": "treshold"}},
+     ["tree.builder", "(did you mean 'threshold'?)"]),
+    ({"drafter": {"type": "ngram_trie"}, "tree": {"builder": "beam", "beam_width": 4, "tpyo": 1}},
+     ["tree.beam_width: unknown key (did you mean 'width'?)", "tree.tpyo: unknown key;", "allowed keys in tree"]),
+    ({"drafter": {**DM, "draft_sampling": "sampled"}}, ["drafter.draft_sampling", "(did you mean 'sample'?)"]),
+])
+def test_typos_get_the_nearest_name(raw, needles):
+    with pytest.raises(ConfigError) as e:
+        load_config(raw, 8)
+    msg = str(e.value)
+    for needle in needles:
+        assert needle in msg, f"{needle!r} missing from: {msg}"
+
+
+def test_no_suggestion_without_a_close_name():
+    with pytest.raises(ConfigError) as e:
+        load_config({"drafter": {"type": "ngram_trie"}, "tree": {"builder": "zzz"}}, 8)
+    assert "did you mean" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"'lookup-trie-distiled' not found \(did you mean 'lookup-trie-distilled'\?\)"):
+        load_config("lookup-trie-distiled", 8)
+
+
 def test_missing_file_names_path_and_presets(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_config(str(tmp_path / "nope.yaml"), 8)

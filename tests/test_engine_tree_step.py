@@ -1,8 +1,6 @@
 """Per-step tree planning and verification without an engine: what the runner patches compute."""
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 import torch

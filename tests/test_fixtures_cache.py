@@ -25,3 +25,12 @@ def test_clears_what_a_killed_build_left(tmp_path, monkeypatch):
     (stale / "half.bin").write_text("partial")
     out = cached_build("x", {"r": 1}, lambda d: (d / "w.txt").write_text("done"))
     assert (out / "w.txt").read_text() == "done" and not stale.exists()
+
+
+def test_unknown_fixture_names_the_nearest_one():
+    import pytest
+
+    from vllm_treespec.fixtures import build_fixture
+
+    with pytest.raises(ValueError, match=r"unknown fixture 'dart-haed' \(did you mean 'dart-head'\?\)"):
+        build_fixture("dart-haed")

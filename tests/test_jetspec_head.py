@@ -8,7 +8,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch import nn
 
 from test_dart_head import H, V, _data, make_random_head
 from vllm_treespec.drafters.heads.jetspec import JetSpecConfig, JetSpecHead

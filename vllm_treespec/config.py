@@ -15,7 +15,7 @@ from typing import Any, Literal, Mapping
 
 import yaml
 
-from vllm_treespec.schema import ConfigError, parse_section, reference_rows, spec, to_dict
+from vllm_treespec.schema import ConfigError, did_you_mean, parse_section, reference_rows, spec, to_dict
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 CONFIGS_DIR = PROJECT_ROOT / "configs"
@@ -494,7 +494,8 @@ def resolve_budget_preset(name: str | None) -> Path:
         if name and c.is_file():
             return c.resolve()
     looked = ", ".join(str(c) for c in candidates)
-    raise ConfigError(f"budget.preset: {name!r} not found (looked at: {looked}); use one of "
+    raise ConfigError(f"budget.preset: {name!r} not found{did_you_mean(name, budget_presets())} "
+                      f"(looked at: {looked}); use one of "
                       f"{', '.join(budget_presets()) or 'none found'} or an existing YAML path")
 
 
@@ -536,7 +537,8 @@ def _parse_drafter(raw: Any) -> Any:
         raise ConfigError(f"drafter: expected a mapping with a `type` key (one of {', '.join(DRAFTERS)}), got {raw!r}")
     kind = raw.get("type")
     if kind not in DRAFTERS:
-        raise ConfigError(f"drafter.type: {kind!r} is not a known drafter; choose one of "
+        raise ConfigError(f"drafter.type: {kind!r} is not a known drafter{did_you_mean(kind, DRAFTERS)}; "
+                          "choose one of "
                           + ", ".join(repr(k) for k in DRAFTERS))
     return parse_section(DRAFTERS[kind], raw, "drafter")
 
@@ -655,7 +657,8 @@ def resolve_path(name: str) -> Path:
             return c.resolve()
     presets = sorted(p.stem for p in (CONFIGS_DIR / "drafters").glob("*.yaml"))
     raise ConfigError(
-        f"treespec config file {name!r} not found (looked at: {', '.join(str(c) for c in candidates)}); "
+        f"treespec config file {name!r} not found{did_you_mean(name, presets)} "
+        f"(looked at: {', '.join(str(c) for c in candidates)}); "
         f"pass an existing YAML path or a preset name ({', '.join(presets) or 'none found'})")
 
 

@@ -8,6 +8,7 @@ A section is a frozen dataclass whose fields carry `Field` metadata (`field(meta
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
 from dataclasses import MISSING
@@ -19,6 +20,16 @@ _UNIONS = (typing.Union, types.UnionType)
 
 class ConfigError(ValueError):
     """An invalid deployment config; the message names the key, what is allowed and the fix."""
+
+
+def did_you_mean(word: Any, options: typing.Iterable[Any]) -> str:
+    """" (did you mean 'x'?)" for the option closest to a misspelt string, else "": typos in
+    keys and choices are the most common config mistake, and the nearest name is the fix."""
+    if not isinstance(word, str):
+        return ""
+    names = [o for o in options if isinstance(o, str)]
+    close = difflib.get_close_matches(word, names, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +110,7 @@ def _check_value(key: str, value: Any, tp: Any) -> Any:
         allowed = typing.get_args(tp)
         if value in allowed and type(value) in {type(a) for a in allowed}:
             return value
-        raise ConfigError(f"{key}: {value!r} is not allowed; choose one of "
+        raise ConfigError(f"{key}: {value!r} is not allowed{did_you_mean(value, allowed)}; choose one of "
                           + ", ".join(repr(a) for a in allowed))
     if origin in (tuple, list):
         (item_tp, *_rest) = typing.get_args(tp) or (Any,)
@@ -113,7 +124,7 @@ def _check_spec(key: str, value: Any, s: Spec) -> None:
     if value is None:
         return
     if s.choices is not None and value not in s.choices:
-        raise ConfigError(f"{key}: {value!r} is not allowed; choose one of "
+        raise ConfigError(f"{key}: {value!r} is not allowed{did_you_mean(value, s.choices)}; choose one of "
                           + ", ".join(repr(c) for c in s.choices))
     if s.ge is not None and value < s.ge or s.le is not None and value > s.le:
         lo = "-inf" if s.ge is None else s.ge
@@ -131,9 +142,9 @@ def parse_section(cls: type, raw: Any, prefix: str) -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = [k for k in raw if k not in fields]
-    if unknown:
-        raise ConfigError(f"{_join(prefix, str(unknown[0]))}: unknown key; allowed keys in {where} are "
-                          + ", ".join(sorted(fields)))
+    if unknown:                     # every unknown key at once: one edit fixes them all
+        named = "; ".join(f"{_join(prefix, str(k))}: unknown key{did_you_mean(k, fields)}" for k in unknown)
+        raise ConfigError(f"{named}; allowed keys in {where} are " + ", ".join(sorted(fields)))
     values = {}
     for name, f in fields.items():
         key = _join(prefix, name)

@@ -16,8 +16,6 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
-import numpy as np
-
 __all__ = ["TreeMetrics", "MULTIPROC_ENV", "make_metrics"]
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"

@@ -260,7 +260,6 @@ def _attention_plan(step: TreeStep) -> AttentionPlan | None:
     wrong = depth != step.node_local                        # rows the causal kernel gets wrong
     if not wrong.any():
         return None
-    offsets = batch.offsets.numpy()
     sizes = step.tree_sizes
     owner = np.repeat(np.arange(sizes.size), sizes)
     branchy = np.unique(owner[wrong])
