@@ -117,6 +117,18 @@ def test_typos_get_the_nearest_name(raw, needles):
         assert needle in msg, f"{needle!r} missing from: {msg}"
 
 
+def test_every_bad_key_is_named_at_once():
+    raw = {"drafter": {"type": "prompt_lookup", "min_ngram": 0, "max_ngram": "4"},
+           "tree": {"builder": "chian", "max_depth": 0}, "budget": {"max_nodes": 0}}
+    with pytest.raises(ConfigError) as e:
+        load_config(raw, 8)
+    msg = str(e.value)
+    for needle in ["drafter.min_ngram: 0 is out of range", "drafter.max_ngram: expected an integer",
+                   "tree.builder: 'chian' is not allowed (did you mean 'chain'?)",
+                   "tree.max_depth: 0 is out of range", "budget.max_nodes: 0 is out of range"]:
+        assert needle in msg, f"{needle!r} missing from: {msg}"
+
+
 def test_no_suggestion_without_a_close_name():
     with pytest.raises(ConfigError) as e:
         load_config({"drafter": {"type": "ngram_trie"}, "tree": {"builder": "zzz"}}, 8)

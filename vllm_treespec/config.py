@@ -553,8 +553,17 @@ def parse_config(raw: Any, source: str = "<inline>", num_speculative_tokens: int
         if "drafter" not in raw:
             raise ConfigError("drafter: required key is missing; e.g. drafter: {type: prompt_lookup}")
         body = dict(raw)
-        drafter = _parse_drafter(body.pop("drafter"))
-        cfg = parse_section(TreespecConfig, {**body, "drafter": {}, "source": source}, "")
+        errors, drafter, cfg = [], None, None
+        try:                        # the drafter's and the other sections' errors, together
+            drafter = _parse_drafter(body.pop("drafter"))
+        except ConfigError as e:
+            errors.append(str(e))
+        try:
+            cfg = parse_section(TreespecConfig, {**body, "drafter": {}, "source": source}, "")
+        except ConfigError as e:
+            errors.append(str(e))
+        if errors:
+            raise ConfigError("; ".join(errors))
         cfg = dataclasses.replace(cfg, drafter=drafter)
         _check_drafter_tree(cfg)
         _check_budget_tree(cfg)

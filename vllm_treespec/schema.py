@@ -141,30 +141,42 @@ def parse_section(cls: type, raw: Any, prefix: str) -> Any:
         raise ConfigError(f"{where}: expected a mapping of keys, got {raw!r}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    # Every problem of the section at once (unknown keys, then each bad key in declaration
+    # order), so one edit of the file fixes them all; cross-key checks run once keys are valid.
+    errors = []
     unknown = [k for k in raw if k not in fields]
-    if unknown:                     # every unknown key at once: one edit fixes them all
+    if unknown:
         named = "; ".join(f"{_join(prefix, str(k))}: unknown key{did_you_mean(k, fields)}" for k in unknown)
-        raise ConfigError(f"{named}; allowed keys in {where} are " + ", ".join(sorted(fields)))
+        errors.append(f"{named}; allowed keys in {where} are " + ", ".join(sorted(fields)))
     values = {}
     for name, f in fields.items():
-        key = _join(prefix, name)
-        if name in raw:
-            value = _check_value(key, raw[name], hints[name])
-        elif f.default is not MISSING:
-            value = f.default
-        elif f.default_factory is not MISSING:
-            value = f.default_factory()
-        else:
-            raise ConfigError(f"{key}: required key is missing")
-        s = f.metadata.get("spec")
-        if s is not None:
-            _check_spec(key, value, s)
-        values[name] = value
+        try:
+            values[name] = _field_value(f, _join(prefix, name), raw, hints[name])
+        except ConfigError as e:
+            errors.append(str(e))
+    if errors:
+        raise ConfigError("; ".join(errors))
     obj = cls(**values)
     check = getattr(obj, "validate", None)
     if check is not None:
         check(prefix)
     return obj
+
+
+def _field_value(f: dataclasses.Field, key: str, raw: Mapping, tp: Any) -> Any:
+    """The checked value of one field: from `raw`, or its default."""
+    if f.name in raw:
+        value = _check_value(key, raw[f.name], tp)
+    elif f.default is not MISSING:
+        value = f.default
+    elif f.default_factory is not MISSING:
+        value = f.default_factory()
+    else:
+        raise ConfigError(f"{key}: required key is missing")
+    s = f.metadata.get("spec")
+    if s is not None:
+        _check_spec(key, value, s)
+    return value
 
 
 def _join(prefix: str, name: str) -> str:
