@@ -23,8 +23,8 @@ class ConfigError(ValueError):
 
 
 def did_you_mean(word: Any, options: typing.Iterable[Any]) -> str:
-    """" (did you mean 'x'?)" for the option closest to a misspelt string, else "": typos in
-    keys and choices are the most common config mistake, and the nearest name is the fix."""
+    """The suffix ` (did you mean 'x'?)` naming the option closest to a misspelt string, else "":
+    typos in keys and choices are the most common config mistake, and the nearest name is the fix."""
     if not isinstance(word, str):
         return ""
     names = [o for o in options if isinstance(o, str)]
