@@ -90,6 +90,10 @@ def test_inline_mapping_and_budget():
     ({"drafter": {**DM, "templates": [[3, 2]]}, "tree": {"builder": "threshold"}},
      ["drafter.templates", "tree.builder static", "'threshold'"]),
     ({"drafter": DM, "tree": {"builder": "beam"}}, ["tree.builder", "'beam'", "draft_model"]),
+    ({"drafter": DM, "tree": {"builder": "best_first", "prefetch": 0}}, ["tree.prefetch", "out of range"]),
+    ({"drafter": DM, "tree": {"builder": "threshold", "prefetch": 2}}, ["tree.prefetch", "not used by builder"]),
+    ({"drafter": {"type": "ngram_trie"}, "tree": {"builder": "best_first", "prefetch": 2}},
+     ["tree.prefetch", "only draft_model", "remove tree.prefetch"]),
     ({"drafter": DM, "tree": {"builder": "best_first", "scorer": "presto"}},
      ["tree.scorer", "draft_model", "remove tree.scorer"]),
 ])

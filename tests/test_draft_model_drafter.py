@@ -73,7 +73,9 @@ def _reference_tree(model, context, builder, budget, params):
     ("threshold", {"branch": 3, "max_depth": 4, "tau": 0.02}, {"branch": 3, "max_depth": 4, "tau": 0.02}),
     ("static", {"template": [3, 2, 1]}, {"template": (3, 2, 1)}),
     ("chain", {"max_depth": 5}, {"max_depth": 5}),
-    ("best_first", {"max_depth": 4}, {"max_depth": 4, "topk": 8}),
+    ("best_first", {"max_depth": 4}, {"max_depth": 4, "topk": 8}),          # prefetch 4 (default)
+    ("best_first", {"max_depth": 4, "prefetch": 1}, {"max_depth": 4, "topk": 8}),
+    ("best_first", {"max_depth": 5, "topk": 3, "prefetch": 9}, {"max_depth": 5, "topk": 3}),
 ])
 @pytest.mark.parametrize("kind", ["transformer", "mamba"])
 def test_lockstep_trees_equal_synchronous_builders(model_dir, mamba_dir, kind, builder, tree, params):
@@ -98,6 +100,13 @@ def test_lockstep_trees_equal_synchronous_builders(model_dir, mamba_dir, kind, b
             np.testing.assert_allclose(trees[i].score, ref.score, atol=1e-4)
         # commit a random accepted prefix of each tree's first chain plus a bonus token
         contexts = [np.concatenate([c, rng.integers(1, VOCAB, size=int(rng.integers(1, 4)))]) for c in contexts]
+
+
+def test_best_first_prefetch_sizes_the_drafter_for_twice_the_nodes(model_dir):
+    """Prefetched expansions can double a request's drafted nodes (tree/builders/best_first.py)."""
+    assert _drafter(model_dir, {"builder": "best_first"}, max_nodes=12).lm.max_tree_nodes == 25
+    assert _drafter(model_dir, {"builder": "best_first", "prefetch": 1}, max_nodes=12).lm.max_tree_nodes == 13
+    assert _drafter(model_dir, {"builder": "chain"}, max_nodes=12).lm.max_tree_nodes == 13
 
 
 @pytest.mark.parametrize("tree, overrides", [

@@ -1,9 +1,9 @@
 """External draft models end to end (issue 7): greedy output with draft-model trees is bitwise
 equal to speculation off, through a real vLLM engine (offline `LLM`, CPU, code-LM target).
 
-Drafters: the transformer draft-lm fixture with DynaTree threshold trees, the same drafter with
-too few cache slots for the batch (requests without a slot decode without drafts), and the Mamba
-draft fixture with the UCB template bandit. Phases: concurrency 1 and 8 with varied max_tokens,
+Drafters: the transformer draft-lm fixture with DynaTree threshold trees and with best-first trees
+(prefetched expansions), the same drafter with too few cache slots for the batch (requests
+without a slot decode without drafts), and the Mamba draft fixture with the UCB template bandit. Phases: concurrency 1 and 8 with varied max_tokens,
 aborts mid-generation (every other request, then a normal phase on the same engine), and a tiny
 KV cache that forces preemption (the drafter cache must resync when a preempted request resumes).
 """
@@ -27,7 +27,11 @@ FEW_SLOTS = {"drafter": {"type": "draft_model", "path": "fixture:draft-lm", "max
 MAMBA_BANDIT = {"drafter": {"type": "draft_model", "path": "fixture:mamba-draft-lm",
                             "templates": [list(t) for t in MAMBA_TEMPLATES]},
                 "tree": {"builder": "static"}}
-CONFIGS = {"dynatree-16": (16, DYNATREE), "few-slots-8": (8, FEW_SLOTS), "mamba-bandit-16": (16, MAMBA_BANDIT)}
+# best_first expands the next likeliest nodes ahead of their turn (tree.prefetch, 4 by default)
+BEST_FIRST = {"drafter": {"type": "draft_model", "path": "fixture:draft-lm"},
+              "tree": {"builder": "best_first", "topk": 4, "max_depth": 8}}
+CONFIGS = {"dynatree-16": (16, DYNATREE), "few-slots-8": (8, FEW_SLOTS), "mamba-bandit-16": (16, MAMBA_BANDIT),
+           "best-first-16": (16, BEST_FIRST)}
 PROMPTS = corpus.held_out_prompts(32, prompt_chars=400, seed=21)
 
 

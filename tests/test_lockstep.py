@@ -141,6 +141,51 @@ def test_best_first_node_ids_follow_creation_order():
         assert r.node_ids[0] > r.parent_ids[0] >= 0
 
 
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("prefetch", [2, 4, 9])
+def test_best_first_prefetch_builds_the_same_tree_in_fewer_rounds(seed, prefetch):
+    """prefetch=m asks for the next heap nodes' children in the same request: same tree (every
+    builder scorer, with and without the greedy spine), rounds never more, each path expanded
+    once and only after its parent."""
+    rng = np.random.default_rng(seed)
+    reqs = []
+    for i in range(1 + seed % 4):
+        exp = hashed_expander(seed * 13 + i, root=int(rng.integers(VOCAB)), vocab=VOCAB,
+                              ties=bool(rng.random() < 0.5), pad=bool(rng.random() < 0.25),
+                              context=CONTEXT, rho=random_ngram(np.random.default_rng(seed), vocab=VOCAB))
+        reqs.append((exp, int(rng.integers(1, 40)), random_params(rng, "best_first")))
+
+    def run(m):
+        gens = [builder_steps("best_first", e.root, b, context=e.context, rho=e.rho, prefetch=m, **p)
+                for e, b, p in reqs]
+        rec = Recorder([e.fn for e, _, _ in reqs])
+        return run_lockstep(gens, rec), rec.rounds
+
+    base, base_rounds = run(1)
+    trees, rounds = run(prefetch)
+    for (e, b, p), t, want in zip(reqs, trees, base):
+        assert same_tree(t, want) and same_tree(t, build_tree("best_first", e, b, **p))
+    assert len(rounds) <= len(base_rounds)
+    for i, (_, budget, _) in enumerate(reqs):
+        seen: set = set()
+        for r in (r for rnd in rounds for r in rnd if r.index == i):
+            assert 1 <= len(r.paths) <= prefetch
+            for path in r.paths:
+                assert path not in seen and (not path or path[:-1] in seen)
+                seen.add(path)
+        assert len(seen - {()}) <= 2 * budget      # a drafter sized for 2 x budget nodes has room
+
+
+def test_best_first_prefetch_cuts_rounds_on_a_bushy_tree():
+    exp = hashed_expander(3, root=1, vocab=VOCAB)
+    counts = {}
+    for m in (1, 4):
+        rec = Recorder([exp.fn])
+        run_lockstep([builder_steps("best_first", 1, 32, topk=4, max_depth=8, prefetch=m)], rec)
+        counts[m] = len(rec.rounds)
+    assert counts[4] * 2 <= counts[1], counts
+
+
 def test_finished_requests_do_not_stall_the_others():
     long = hashed_expander(1, root=4, vocab=VOCAB)
     dry = Expander(lambda paths, k: (np.full((len(paths), k), -1), np.zeros((len(paths), k))),
@@ -201,6 +246,7 @@ def error_of(fn):
     ("best_first", 5, dict(backend="gpu")),
     ("best_first", 5, dict(backend="cpp")),
     ("best_first", 5, dict(width=3)),  # a beam parameter
+    ("best_first", 5, dict(prefetch=0)),
     ("static", 5, dict(bogus=1, other=2)),
     ("chain", -1, {}),
     ("threshold", True, {}),

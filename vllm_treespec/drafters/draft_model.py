@@ -40,6 +40,13 @@ from vllm_treespec.tree.sampled import sampled_steps
 
 __all__ = ["DraftModelDrafter"]
 
+# best_first trees: nodes expanded per drafter call when tree.prefetch is null
+# (tree/builders/best_first.py). One batched call costs about as much for a few rows as for one,
+# and best_first otherwise expands node by node; the tree is the same. Prefetching can double a
+# request's expanded nodes, so the drafter then holds 2 x max_nodes tree nodes per request
+# (lm/NOTES.md has the measurement).
+BEST_FIRST_PREFETCH = 4
+
 
 class _Timing:
     """Online lambda_gamma for the bandit reward: drafter seconds per level / target seconds per step."""
@@ -74,8 +81,12 @@ class DraftModelDrafter:
         self.cfg = cfg
         self.builder = tree_config.builder if tree_config is not None else "chain"
         self.params = tree_config.builder_params() if tree_config is not None else {}
+        tree_nodes = max_nodes
         if self.builder == "best_first":
             self.params.setdefault("topk", cfg.topk)
+            self.params.setdefault("prefetch", BEST_FIRST_PREFETCH)
+            if self.params["prefetch"] > 1:
+                tree_nodes = 2 * max_nodes
         self.templates = tuple(tuple(t) for t in cfg.templates) if cfg.templates else None
         self.bandits: dict[str, TemplateBandit] = {}
         self.last_draft: dict[str, tuple[int, int, int]] = {}  # req -> (arm, committed then, depth drafted)
@@ -84,7 +95,7 @@ class DraftModelDrafter:
         self.sampled_trees = 0    # trees whose children were drawn from q (verified by rrs)
         self.lm: DraftLM = load_draft_lm(
             DraftModelSpec(cfg.path, cfg.dtype, cfg.memory_mb, cfg.max_cached_requests),
-            served_tokenizer=tokenizer_dir, max_len=max_model_len, max_tree_nodes=max_nodes + 1)
+            served_tokenizer=tokenizer_dir, max_len=max_model_len, max_tree_nodes=tree_nodes + 1)
         self.vocab_limit = vocab_limit
         self.samples_drafts = cfg.samples_with(self.builder)   # the proposer passes SamplingParams
         self.sampler = DraftSampler(vocab_limit) if self.samples_drafts else None

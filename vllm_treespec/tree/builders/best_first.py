@@ -20,6 +20,14 @@ it yields one request per node whose children it needs (one path: the root, then
 node, and with greedy_spine first each spine node) instead of calling ``expand``. Children are
 fetched lazily, the first time a node's children are needed, so the requests come in the same
 order and number as the synchronous builder's ``expand`` calls.
+
+``prefetch=m`` (m > 1) asks for the children of up to m-1 more nodes in the same request: the
+next nodes on the heap (the likeliest next pops) whose children are not known yet. The tree is
+the same (children are a function of the path; which are fetched early changes nothing that is
+selected); what changes is the number of requests. For a draft LM, where one batched call costs
+about the same for one path as for a few, the node-by-node rounds (up to about the budget) fall
+to about budget / m, at the price of some expansions of nodes that are never popped (at most
+budget of them: never more than 2 * budget expansions in all).
 """
 from __future__ import annotations
 
@@ -42,11 +50,12 @@ DEFAULT_EXPANDER_TOPK = 8
 def build_best_first(candidates, budget: int, *, topk: int | Sequence[int] | None = None,
                      max_depth: int | None = None, scorer: Any = "acc_logp",
                      scorer_params: Mapping[str, Any] | None = None, greedy_spine: bool = False,
-                     backend: str = "auto") -> DraftTree:
+                     backend: str = "auto", prefetch: int = 1) -> DraftTree:
     """Best-first tree of `budget` draft nodes.
 
     topk: children considered per node (default: the whole table row, or 8 for an Expander);
-    max_depth: default the table depth, or 8 levels for an Expander.
+    max_depth: default the table depth, or 8 levels for an Expander; prefetch: nodes whose
+    children one Expander request asks for (module docstring; no effect on the tree).
 
     Example:
         >>> import numpy as np
@@ -57,13 +66,14 @@ def build_best_first(candidates, budget: int, *, topk: int | Sequence[int] | Non
     """
     return drive(best_first_steps(candidates, budget, topk=topk, max_depth=max_depth,
                                   scorer=scorer, scorer_params=scorer_params,
-                                  greedy_spine=greedy_spine, backend=backend), candidates)
+                                  greedy_spine=greedy_spine, backend=backend, prefetch=prefetch),
+                 candidates)
 
 
 def best_first_steps(candidates, budget: int, *, topk: int | Sequence[int] | None = None,
                      max_depth: int | None = None, scorer: Any = "acc_logp",
                      scorer_params: Mapping[str, Any] | None = None, greedy_spine: bool = False,
-                     backend: str = "auto") -> Steps:
+                     backend: str = "auto", prefetch: int = 1) -> Steps:
     """`build_best_first` as a step generator; parameters are checked here, before the first step.
 
     The C++ path (DepthTable only) expands nothing: its generator just returns the tree.
@@ -74,11 +84,12 @@ def best_first_steps(candidates, budget: int, *, topk: int | Sequence[int] | Non
     default_k = cand.k if isinstance(cand, DepthTable) else DEFAULT_EXPANDER_TOPK
     per_level = resolve_topk("best_first", cand, topk, depth, default_k)
     greedy_spine = check_bool("best_first", "greedy_spine", greedy_spine)
+    prefetch = check_int("best_first", "prefetch", prefetch, 1, MAX_BUDGET)
     scoring = Scoring("best_first", cand, scorer, scorer_params)
     if _native.use_cpp("best_first", backend, cand, scoring, depth):
         return finished(_native.best_first_cpp, cand, scoring, depth, per_level, budget,
                         greedy_spine)
-    return best_first_python_steps(cand, budget, depth, per_level, scoring, greedy_spine)
+    return best_first_python_steps(cand, budget, depth, per_level, scoring, greedy_spine, prefetch)
 
 
 def best_first_python(cand, budget: int, depth: int, per_level: list[int], scoring: Scoring,
@@ -89,12 +100,13 @@ def best_first_python(cand, budget: int, depth: int, per_level: list[int], scori
 
 
 def best_first_python_steps(cand, budget: int, depth: int, per_level: list[int],
-                            scoring: Scoring, greedy_spine: bool) -> Steps:
+                            scoring: Scoring, greedy_spine: bool, prefetch: int = 1) -> Steps:
     """The reference implementation as a step generator (`best_first_python` drives it)."""
     table = cand if isinstance(cand, DepthTable) else None
     nodes = Nodes(cand.root)
     pos, pospath, key = [0], [()], [math.inf]
     kids: dict[int, tuple[list, list, list, list]] = {}  # node -> sorted (rank, token, logq, inc)
+    heap: list = []                                       # (-score, depth, pospath, node)
     level_kids: dict[int, tuple[list, list, list, list]] = {}
 
     def path_blind(level: int) -> bool:
@@ -103,6 +115,11 @@ def best_first_python_steps(cand, budget: int, depth: int, per_level: list[int],
         if scoring.linear:
             return scoring.level(level)[1] == 0.0
         return scoring.rho is None
+
+    def sorted_kids(v: int, toks, lq) -> tuple[list, list, list, list]:
+        inc = scoring.increments(nodes.depth[v], nodes.path(v), toks, lq)
+        order = np.lexsort((np.arange(inc.shape[0]), -inc))
+        return order.tolist(), toks[order].tolist(), lq[order].tolist(), inc[order].tolist()
 
     def fetch(v: int):
         """Sorted children of v into kids[v]; a step generator (yields v's Expansion if any)."""
@@ -114,16 +131,39 @@ def best_first_python_steps(cand, budget: int, depth: int, per_level: list[int],
         else:
             k = per_level[level]
             if table is not None:
-                toks, lq = table.tokens[level, :k], table.logprobs[level, :k]
+                got = sorted_kids(v, table.tokens[level, :k], table.logprobs[level, :k])
             else:
-                toks, lq = (yield nodes.expansion([v], k))[0]
-            inc = scoring.increments(level, nodes.path(v), toks, lq)
-            order = np.lexsort((np.arange(inc.shape[0]), -inc))
-            got = (order.tolist(), toks[order].tolist(), lq[order].tolist(), inc[order].tolist())
+                ahead = prefetch_candidates(v, k) if prefetch > 1 else []
+                expanded[0] += (v != 0) + len(ahead)
+                answers = yield nodes.expansion([v, *ahead], k)
+                got = sorted_kids(v, *answers[0])
+                for u, (toks, lq) in zip(ahead, answers[1:]):
+                    kids[u] = sorted_kids(u, toks, lq)
             if path_blind(level):
                 level_kids[level] = got
         kids[v] = got
         return got
+
+    expanded = [0]      # non-root nodes sent for expansion so far
+    pops_left = [budget]  # pops still possible; each fetches at most one node
+
+    def prefetch_candidates(v: int, k: int) -> list[int]:
+        """Up to prefetch-1 heap nodes, best first, whose children (top-k, as v's) are unknown.
+
+        Never more than 2 * budget non-root expansions in all (without prefetch: at most one
+        per selected node, so budget), keeping room for the fetches the remaining pops may
+        need; a drafter holding 2 * budget tree nodes per request never runs out."""
+        room = min(prefetch - 1, 2 * budget - expanded[0] - (v != 0) - pops_left[0])
+        out: list[int] = []
+        if room <= 0:
+            return out
+        for entry in heapq.nsmallest(len(heap), heap):
+            u = entry[3]
+            if u != v and u not in kids and nodes.depth[u] < depth and per_level[nodes.depth[u]] == k:
+                out.append(u)
+                if len(out) == room:
+                    break
+        return out
 
     def make_child(v: int, i: int) -> int:
         ranks, toks, lqs, incs = kids[v]  # fetched before any child of v is made
@@ -157,8 +197,6 @@ def best_first_python_steps(cand, budget: int, depth: int, per_level: list[int],
         c = spine_child.get(v)
         return c if c is not None else make_child(v, 0)
 
-    heap: list = []
-
     def push(c: int) -> None:
         heapq.heappush(heap, (-nodes.score[c], nodes.depth[c], pospath[c], c))
 
@@ -171,6 +209,7 @@ def best_first_python_steps(cand, budget: int, depth: int, per_level: list[int],
             push(c)
     while picked < need and heap:
         v = heapq.heappop(heap)[3]
+        pops_left[0] -= 1
         selected.append(v)
         if v not in spine:
             picked += 1
