@@ -19,11 +19,13 @@ static      one level: every node of the level (all paths of one depth), k = the
 threshold   one level: every active leaf, k = branch
 chain       one level: the chain's last node, k = 1
 best_first  one node: the root, then each popped node whose children are not known yet (with
-            greedy_spine, first each spine node), k = topk of the node's level
+            greedy_spine, first each spine node), k = topk of the node's level; with
+            ``prefetch=m`` also up to m-1 of the next heap nodes (same tree, fewer rounds)
 ==========  ================================================================================
 
 so the number of ``expand_batch`` calls is the largest number of rounds over the requests (for
-static/threshold/chain at most the tree depth; for best_first up to about the budget). A request
+static/threshold/chain at most the tree depth; for best_first up to about the budget, or about
+budget / m with prefetch). A request
 that expands nothing (budget 0, max_depth 0, a drafter returning no children) finishes in the
 round it runs out and never holds the others up. ``beam`` has no lockstep form yet.
 
