@@ -1,6 +1,9 @@
 """The recipe-keyed fixture cache: built once, found afterwards, and nothing left by a killed build."""
 from __future__ import annotations
 
+import pytest
+
+from vllm_treespec.fixtures import build_fixture
 from vllm_treespec.fixtures.cache import cached_build, recipe_key
 
 
@@ -28,9 +31,5 @@ def test_clears_what_a_killed_build_left(tmp_path, monkeypatch):
 
 
 def test_unknown_fixture_names_the_nearest_one():
-    import pytest
-
-    from vllm_treespec.fixtures import build_fixture
-
     with pytest.raises(ValueError, match=r"unknown fixture 'dart-haed' \(did you mean 'dart-head'\?\)"):
         build_fixture("dart-haed")

@@ -107,6 +107,8 @@ def best_first_python_steps(cand, budget: int, depth: int, per_level: list[int],
     pos, pospath, key = [0], [()], [math.inf]
     kids: dict[int, tuple[list, list, list, list]] = {}  # node -> sorted (rank, token, logq, inc)
     heap: list = []                                       # (-score, depth, pospath, node)
+    selected: list[int] = []                              # popped nodes, in pop order
+    expanded = 0                                          # non-root nodes sent for expansion
     level_kids: dict[int, tuple[list, list, list, list]] = {}
 
     def path_blind(level: int) -> bool:
@@ -123,6 +125,7 @@ def best_first_python_steps(cand, budget: int, depth: int, per_level: list[int],
 
     def fetch(v: int):
         """Sorted children of v into kids[v]; a step generator (yields v's Expansion if any)."""
+        nonlocal expanded
         level = nodes.depth[v]
         if level >= depth:
             got = ([], [], [], [])
@@ -134,7 +137,7 @@ def best_first_python_steps(cand, budget: int, depth: int, per_level: list[int],
                 got = sorted_kids(v, table.tokens[level, :k], table.logprobs[level, :k])
             else:
                 ahead = prefetch_candidates(v, k) if prefetch > 1 else []
-                expanded[0] += (v != 0) + len(ahead)
+                expanded += (v != 0) + len(ahead)
                 answers = yield nodes.expansion([v, *ahead], k)
                 got = sorted_kids(v, *answers[0])
                 for u, (toks, lq) in zip(ahead, answers[1:]):
@@ -144,20 +147,18 @@ def best_first_python_steps(cand, budget: int, depth: int, per_level: list[int],
         kids[v] = got
         return got
 
-    expanded = [0]      # non-root nodes sent for expansion so far
-    pops_left = [budget]  # pops still possible; each fetches at most one node
-
     def prefetch_candidates(v: int, k: int) -> list[int]:
         """Up to prefetch-1 heap nodes, best first, whose children (top-k, as v's) are unknown.
 
         Never more than 2 * budget non-root expansions in all (without prefetch: at most one
         per selected node, so budget), keeping room for the fetches the remaining pops may
         need; a drafter holding 2 * budget tree nodes per request never runs out."""
-        room = min(prefetch - 1, 2 * budget - expanded[0] - (v != 0) - pops_left[0])
+        pops_left = budget - len(selected)      # each may still fetch one node
+        room = min(prefetch - 1, 2 * budget - expanded - (v != 0) - pops_left)
         out: list[int] = []
         if room <= 0:
             return out
-        for entry in heapq.nsmallest(len(heap), heap):
+        for entry in sorted(heap):
             u = entry[3]
             if u != v and u not in kids and nodes.depth[u] < depth and per_level[nodes.depth[u]] == k:
                 out.append(u)
@@ -200,7 +201,6 @@ def best_first_python_steps(cand, budget: int, depth: int, per_level: list[int],
     def push(c: int) -> None:
         heapq.heappush(heap, (-nodes.score[c], nodes.depth[c], pospath[c], c))
 
-    selected: list[int] = []
     need = budget - len(spine)
     picked = 0
     if budget > 0:
@@ -209,7 +209,6 @@ def best_first_python_steps(cand, budget: int, depth: int, per_level: list[int],
             push(c)
     while picked < need and heap:
         v = heapq.heappop(heap)[3]
-        pops_left[0] -= 1
         selected.append(v)
         if v not in spine:
             picked += 1
