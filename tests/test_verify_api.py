@@ -203,3 +203,58 @@ def test_bench_smoke():
     for per_mode in out["results"].values():
         assert set(per_mode) == {1, 3}
         assert all(v["median_ms"] > 0 and v["mean_emitted"] >= 1 for v in per_mode.values())
+
+
+@pytest.mark.parametrize("mode", ["target_only", "greedy"])
+@pytest.mark.parametrize("seed", range(4))
+def test_root_only_batches_sample_as_the_walk_does(mode, seed):
+    """A step in which no request drafted takes accept()'s root-only path; each seeded request
+    must get the token (and leave its generator where) the full walk would, which the walk
+    shows when a drafted request joins the batch."""
+    rng = np.random.default_rng(seed)
+    n = 5
+    logits = torch.tensor(rng.normal(0, 2, (n, VOCAB)), dtype=torch.float32)
+    params = SamplingParamsBatch.from_lists([0.0, 0.7, 1.0, 1.3, 0.9], [0, 3, 0, 5, 0],
+                                            [1.0, 0.9, 0.6, 1.0, 1.0], [0.0, 0.0, 0.1, 0.0, 0.05])
+    roots = {"offsets": torch.arange(n + 1), "tokens": torch.tensor(rng.integers(0, VOCAB, n)),
+             "parents": torch.full((n,), -1)}
+    extra = random_tree_batch(rng, [6], VOCAB)
+    mixed = {"offsets": torch.cat([roots["offsets"], n + extra["offsets"][1:]]),
+             "tokens": torch.cat([roots["tokens"], torch.as_tensor(extra["tokens"])]),
+             "parents": torch.cat([roots["parents"], torch.as_tensor(extra["parents"])])}
+    mixed_logits = torch.cat([logits, torch.tensor(rng.normal(0, 2, (6, VOCAB)), dtype=torch.float32)])
+    mixed_params = SamplingParamsBatch.from_lists([0.0, 0.7, 1.0, 1.3, 0.9, 1.0], [0, 3, 0, 5, 0, 0],
+                                                  [1.0, 0.9, 0.6, 1.0, 1.0, 1.0],
+                                                  [0.0, 0.0, 0.1, 0.0, 0.05, 0.0])
+    gens = lambda: [torch.Generator().manual_seed(100 * seed + b) for b in range(n)]
+    alone_gens, mixed_gens = gens(), gens()
+    alone = accept(roots, logits.clone(), mode=mode, sampling=params, generators=alone_gens,
+                   max_depth=3, coin_rows=8)
+    walked = accept(mixed, mixed_logits.clone(), mode=mode, sampling=mixed_params,
+                    generators=mixed_gens + [torch.Generator().manual_seed(1)], max_depth=5, coin_rows=8)
+    assert alone.emitted.shape == (n, 4) and (alone.emitted[:, 1:] == -1).all()
+    assert torch.equal(alone.emitted[:, 0], walked.emitted[:n, 0])
+    assert torch.equal(alone.num_emitted, torch.ones(n, dtype=torch.int64))
+    assert (alone.accepted_nodes == -1).all() and (alone.accepted_rows == -1).all()
+    for a, b in zip(alone_gens, mixed_gens):
+        assert torch.equal(a.get_state(), b.get_state())
+
+
+@pytest.mark.parametrize("kwargs, logits_rows, match", [
+    ({}, 3, "logits has 3 rows but the tree batch has 2 nodes"),
+    ({"mode": "target_only", "generators": [None]}, 2, "generators has 1 entries"),
+    ({"max_depth": -1}, 2, "max_depth=-1"),
+])
+def test_root_only_bad_input_errors(kwargs, logits_rows, match):
+    roots = {"offsets": torch.tensor([0, 1, 2]), "tokens": torch.tensor([1, 2]),
+             "parents": torch.tensor([-1, -1])}
+    with pytest.raises(ValueError, match=match):
+        accept(roots, torch.randn(logits_rows, VOCAB), **kwargs)
+
+
+def test_root_only_path_still_validates_the_tree():
+    """A batch that only looks root-only (a root with a parent) gets build_layout's error."""
+    bad = {"offsets": torch.tensor([0, 1, 2]), "tokens": torch.tensor([1, 2]),
+           "parents": torch.tensor([-1, 0])}
+    with pytest.raises(ValueError, match="invalid parent 0 at request 1"):
+        accept(bad, torch.randn(2, VOCAB), mode="target_only")

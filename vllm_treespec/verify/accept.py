@@ -42,7 +42,7 @@ from vllm_treespec.verify.sampling_params import (
     greedy_tokens,
     process_logits,
 )
-from vllm_treespec.verify.tree_input import TreeLayout, build_layout
+from vllm_treespec.verify.tree_input import TreeLayout, build_layout, unpack_tree
 
 Mode = Literal["greedy", "target_only", "rrs"]
 MODES: tuple[str, ...] = ("greedy", "target_only", "rrs")
@@ -173,6 +173,72 @@ def _check_num_draws(
     return n
 
 
+def _root_only_offsets(tree: Any, device: torch.device) -> torch.Tensor | None:
+    """The offsets of a valid batch of root-only trees (no drafts anywhere: every request owns
+    one row, its root), else None (build_layout then validates and reports any error)."""
+    offsets, tokens, parents, depth = unpack_tree(tree, device)
+    num_requests = offsets.numel() - 1
+    if num_requests < 1 or tokens.numel() != num_requests or parents.numel() != num_requests:
+        return None
+    if not bool((offsets == torch.arange(num_requests + 1, device=device)).all()):
+        return None
+    if bool((parents != -1).any()) or (depth is not None and (depth.numel() != num_requests
+                                                              or bool((depth != 0).any()))):
+        return None
+    return offsets
+
+
+def _accept_roots(offsets: torch.Tensor, logits: torch.Tensor, mode: Mode,
+                  sampling: SamplingParamsBatch | None, generators: Generators,
+                  max_depth: int | None, coin_rows: int | None) -> AcceptResult:
+    """accept() for root-only trees (a step in which no request drafted): the walk's first level
+    and nothing else, with the same coins, processing and draw, so its tokens are the walk's to
+    the bit; it skips the layout and the per-level bookkeeping, which cost more than the draw."""
+    device = logits.device
+    num_requests = offsets.numel() - 1
+    if logits.shape[0] != num_requests:
+        raise ValueError(
+            f"logits has {logits.shape[0]} rows but the tree batch has {num_requests} nodes; "
+            "pass the target logits at every node row"
+        )
+    if max_depth is not None and max_depth < 0:
+        raise ValueError(f"max_depth={max_depth} is smaller than the deepest node (0)")
+    width = 1 if max_depth is None else max_depth + 1
+    params: SamplingParamsBatch | None = None
+    if mode == "greedy":
+        is_greedy = torch.ones(num_requests, dtype=torch.bool, device=device)
+    else:
+        if sampling is None:
+            sampling = SamplingParamsBatch.random(num_requests)
+        params = sampling.validated(num_requests, device)
+        is_greedy = params.is_greedy
+    request_of_row = torch.arange(num_requests, device=device)
+    coins = None
+    if not bool(is_greedy.all()):
+        coins = draw_coins(offsets, request_of_row, 1, generators, is_greedy, coin_rows)
+    elif generators is not None and not isinstance(generators, torch.Generator):
+        if len(generators) != num_requests:
+            raise ValueError(
+                f"generators has {len(generators)} entries but the batch has {num_requests} "
+                "requests"
+            )
+    picked = torch.empty(num_requests, dtype=torch.int64, device=device)
+    g = is_greedy.nonzero().squeeze(1)
+    if g.numel():
+        picked[g] = greedy_tokens(logits[g])
+    s = (~is_greedy).nonzero().squeeze(1)
+    if s.numel():
+        assert params is not None and coins is not None
+        probs = torch.softmax(process_logits(logits[s], params.rows(s), inplace=True),
+                              dim=-1, dtype=torch.float32).to(torch.float64)
+        picked[s] = sample_categorical(probs, coins[s, 0])
+    emitted = torch.full((num_requests, width), -1, dtype=torch.int64, device=device)
+    emitted[:, 0] = picked
+    nodes = torch.full((num_requests, width), -1, dtype=torch.int64, device=device)
+    return AcceptResult(emitted, torch.ones(num_requests, dtype=torch.int64, device=device),
+                        nodes, nodes.clone())
+
+
 def accept(
     tree: Any,
     logits: torch.Tensor,
@@ -231,6 +297,10 @@ def accept(
         raise TypeError(f"logits must be floating point, got {logits.dtype}")
     device = logits.device
     vocab = logits.shape[1]
+    if mode != "rrs":
+        roots = _root_only_offsets(tree, device)
+        if roots is not None:
+            return _accept_roots(roots, logits, mode, sampling, generators, max_depth, coin_rows)
     layout = build_layout(tree, vocab, device)
     if logits.shape[0] != layout.num_rows:
         raise ValueError(
