@@ -22,6 +22,11 @@ splits the speedup into tokens per step and milliseconds per step, and the step 
 target model's forward and the rest (scheduling, drafting, verification); forward calls are
 also binned by their query rows (what each extra verified row costs). Writes a JSON record
 (per-prompt seconds and steps of both sides included) with --output.
+
+With --temperature T > 0 every request samples (seeded per prompt and pass, the same seeds on
+both sides). Speculation keeps the target's distribution, not its random stream, so outputs are
+not compared pair by pair then; `tests/test_e2e_tree_sampling.py` tests the distribution.
+    .venv/bin/python benchmarks/bench_paired.py --a off --b lookup-trie-distilled:32 --temperature 0.7
 """
 from __future__ import annotations
 
@@ -57,6 +62,17 @@ def engine_kwargs(spec: str) -> dict[str, Any]:
     return treespec_engine_kwargs(int(k), treespec_value(name))
 
 
+def check_spec(spec: str) -> None:
+    """Raise ValueError for a bad spec, including a treespec config that would not load: the
+    engine processes would otherwise fail one by one after the fixtures are built."""
+    kwargs = engine_kwargs(spec)
+    treespec = kwargs.get("additional_config", {}).get("treespec")
+    if treespec is not None:
+        from vllm_treespec.config import load_config
+
+        load_config(treespec, kwargs["speculative_config"]["num_speculative_tokens"])
+
+
 def resolved(kwargs: dict[str, Any]) -> dict[str, Any]:
     """`kwargs` with a `fixture:NAME` draft model of vLLM's own draft_model method built and
     replaced by its directory (vLLM itself only reads directories)."""
@@ -68,15 +84,15 @@ def resolved(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {**kwargs, "speculative_config": {**spec, "model": str(resolve_model_dir(spec["model"]))}}
 
 
-def _serve(conn: Any, kwargs: dict[str, Any], model: str, max_tokens: int) -> None:
-    """Child process: one engine; answers (prompt) with (seconds, token ids) until None."""
+def _serve(conn: Any, kwargs: dict[str, Any], model: str, max_tokens: int, temperature: float) -> None:
+    """Child process: one engine; answers (prompt, seed) with (seconds, token ids, steps,
+    forward seconds) until None."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=1024, seed=0,
               **kwargs)
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     engine, steps, forward = llm.llm_engine, [0], [0.0]
     by_rows: dict[int, list[float]] = {}    # forward calls by query rows: [count, seconds]
     measuring = [False]                     # set once both sides are warm
@@ -105,15 +121,28 @@ def _serve(conn: Any, kwargs: dict[str, Any], model: str, max_tokens: int) -> No
 
     GPUModelRunner._model_forward = timed_forward
     conn.send("ready")
-    while (prompt := conn.recv()) is not None:
-        if prompt == "measure":                 # warm-up done: count forwards by rows from now on
+    while (request := conn.recv()) is not None:
+        if request == "measure":                # warm-up done: count forwards by rows from now on
             measuring[0] = True
             continue
+        prompt, seed = request
+        params = SamplingParams(temperature=temperature, seed=seed if temperature > 0 else None,
+                                max_tokens=max_tokens, ignore_eos=True)
         steps[0], forward[0] = 0, 0.0
         start = time.perf_counter()
         out = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
         conn.send((time.perf_counter() - start, list(out), steps[0], forward[0]))
     conn.send({rows: (n, seconds) for rows, (n, seconds) in sorted(by_rows.items())})
+
+
+def _receive(side: tuple[Any, Any, str]) -> Any:
+    """The next message of one engine process; a clear error (not a hang) when it has died."""
+    conn, proc, spec = side
+    try:
+        return conn.recv()
+    except EOFError:
+        proc.join(timeout=10)
+        raise RuntimeError(f"engine for {spec!r} exited (code {proc.exitcode}); its error is above") from None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -126,15 +155,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-prompts", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--passes", type=int, default=2, help="times each prompt is run on each side")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature of every request (> 0: seeded, outputs not compared)")
     p.add_argument("--output", type=Path, default=None, help="JSON record path")
     ns = p.parse_args(argv)
     for spec in (ns.a, ns.b):
         try:
-            engine_kwargs(spec)
-        except (ValueError, json.JSONDecodeError) as e:
+            check_spec(spec)
+        except (ValueError, json.JSONDecodeError) as e:    # ConfigError is a ValueError
             p.error(str(e))
     if ns.passes < 1:
         p.error(f"--passes must be at least 1, got {ns.passes}")
+    if ns.temperature < 0:
+        p.error(f"--temperature must be >= 0 (0 = greedy), got {ns.temperature}")
     return ns
 
 
@@ -152,36 +185,38 @@ def main(argv: list[str] | None = None) -> int:
     sides = []
     for spec in (ns.a, ns.b):               # started one after the other: never two warm-ups at once
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_serve, args=(child, resolved(engine_kwargs(spec)), model, ns.max_tokens),
+        proc = ctx.Process(target=_serve, args=(child, resolved(engine_kwargs(spec)), model, ns.max_tokens,
+                                                     ns.temperature),
                            daemon=True)
         proc.start()
-        if parent.recv() != "ready":
+        child.close()                       # the child's end lives in the child: its exit means EOF here
+        sides.append((parent, proc, spec))
+        if _receive(sides[-1]) != "ready":
             raise RuntimeError(f"engine for {spec!r} did not start")
-        sides.append((parent, proc))
 
-    def run(side: int, prompt: str) -> tuple[float, list[int], int, float]:
-        sides[side][0].send(prompt)
-        return sides[side][0].recv()
+    def run(side: int, prompt: str, seed: int) -> tuple[float, list[int], int, float]:
+        sides[side][0].send((prompt, seed))
+        return _receive(sides[side])
 
     for p in prompts[:2]:                   # warm-up, both sides
-        run(0, p), run(1, p)
-    for conn, _ in sides:
+        run(0, p, 0), run(1, p, 0)
+    for conn, _, _ in sides:
         conn.send("measure")
     pairs, mismatches = [], 0
     for i in range(ns.passes * len(prompts)):
         prompt = prompts[i % len(prompts)]
         first = i % 2
-        got = {first: run(first, prompt)}
-        got[1 - first] = run(1 - first, prompt)
+        got = {first: run(first, prompt, i)}
+        got[1 - first] = run(1 - first, prompt, i)
         mismatches += got[0][1] != got[1][1]
         pairs.append({"prompt": i % len(prompts), "a_s": got[0][0], "b_s": got[1][0], "a_first": first == 0,
                       "a_steps": got[0][2], "b_steps": got[1][2],
                       "a_forward_s": got[0][3], "b_forward_s": got[1][3]})
     forward_by_rows = []
-    for conn, proc in sides:
-        conn.send(None)
-        forward_by_rows.append(conn.recv())
-        proc.join(timeout=60)
+    for side in sides:
+        side[0].send(None)
+        forward_by_rows.append(_receive(side))
+        side[1].join(timeout=60)
     ta, tb = sum(x["a_s"] for x in pairs), sum(x["b_s"] for x in pairs)
     tokens = ns.max_tokens * len(pairs)
     per_pair = [x["a_s"] / x["b_s"] for x in pairs]
@@ -199,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
               # {rows: [calls, mean ms]}
               "a_forward_by_rows": {r: [n, 1e3 * t / n] for r, (n, t) in forward_by_rows[0].items()},
               "b_forward_by_rows": {r: [n, 1e3 * t / n] for r, (n, t) in forward_by_rows[1].items()},
+              "temperature": ns.temperature,
+              # greedy: must be equal; sampled: counted for information (see the module docstring)
               "outputs_equal": mismatches == 0, "mismatched_pairs": mismatches}
     for side, spec in (("a", ns.a), ("b", ns.b)):
         print(f"{side.upper()} {spec}: {result[side + '_tokens_per_s']:.1f} tok/s, "
@@ -207,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
           f"B/A = {result['speedup_b_over_a']:.3f} (per-pair median {result['pair_ratio_median']:.3f}, "
           f"range {result['pair_ratio_min']:.2f}-{result['pair_ratio_max']:.2f}); "
-          f"greedy outputs equal in {len(pairs) - mismatches}/{len(pairs)} pairs")
+          f"{'greedy' if ns.temperature == 0 else 'sampled'} outputs equal in {len(pairs) - mismatches}/{len(pairs)} pairs")
     if ns.output is not None:
         from vllm_treespec.report import git_commit, hardware_info, software_info
 
@@ -217,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                                          "max_tokens": ns.max_tokens, "passes": ns.passes,
                                          **result, "pairs": pairs}, indent=1))
         print(f"wrote {ns.output}")
-    return 0 if mismatches == 0 else 1
+    return 0 if mismatches == 0 or ns.temperature > 0 else 1
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ the code-LM fixture, 16 held-out prompts x 128 tokens at concurrency 1, greedy.
     .venv/bin/python benchmarks/profile_offline.py prompt-lookup-tree 16 --no-profile   # 3 timed passes
     .venv/bin/python benchmarks/profile_offline.py lookup-trie-tree 8 --dump /tmp/ltt8.prof  # keep the stats
     .venv/bin/python benchmarks/profile_offline.py '{"drafter": {"type": "lookup_trie"}}' 16   # inline config
+    .venv/bin/python benchmarks/profile_offline.py lookup-trie-distilled 32 --temperature 0.7  # sampled, seeded
 
 Prints tokens/s and the treespec / model functions by cumulative time (ms per engine step is
 cumulative / steps); with --no-profile, tokens/s and process CPU seconds of 3 passes.
@@ -44,7 +45,9 @@ def main(argv: list[str]) -> int:
     prebuild_engine_fixtures(kw, model)                         # on every core, not in the pinned worker
     llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=1024, seed=0, **kw)
     prompts = held_out_prompts(16, seed=0)
-    params = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
+    temperature = float(argv[argv.index("--temperature") + 1]) if "--temperature" in argv else 0.0
+    params = SamplingParams(temperature=temperature, seed=0 if temperature > 0 else None,
+                            max_tokens=128, ignore_eos=True)
     llm.generate(prompts[:2], params, use_tqdm=False)          # warm-up
     prof = cProfile.Profile()
     for _ in range(1 if profile else 3):

@@ -270,9 +270,31 @@ def test_bench_paired_resolves_vllm_draft_fixtures_only(monkeypatch, tmp_path):
     (["--b", "lookup-trie"], "expected off, ngram:K, vllm-draft:K or TREESPEC:K"),
     (["--a", "ngram:x"], "expected off, ngram:K, vllm-draft:K or TREESPEC:K"),
     (["--passes", "0"], "--passes must be at least 1, got 0"),
+    (["--temperature", "-0.5"], "--temperature must be >= 0 (0 = greedy), got -0.5"),
+    (["--b", '{"drafter": {"type": "lookup_trie", "trie": "x"}}:4'], "drafter.trie: unknown key"),
+    (["--a", "no-such-preset:4"], "no-such-preset"),
 ])
 def test_bench_paired_refuses_bad_arguments(argv, message, capsys):
     bench = _load_script("bench_paired")
     with pytest.raises(SystemExit):
         bench.parse_args(argv)
     assert message in capsys.readouterr().err
+
+
+def test_bench_paired_reports_a_dead_engine_instead_of_hanging():
+    import multiprocessing as mp
+
+    bench = _load_script("bench_paired")
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_exit_at_once, args=(child,), daemon=True)
+    proc.start()
+    child.close()
+    with pytest.raises(RuntimeError, match=r"engine for 'x:4' exited \(code 3\)"):
+        bench._receive((parent, proc, "x:4"))
+
+
+def _exit_at_once(conn) -> None:
+    import sys
+
+    sys.exit(3)
