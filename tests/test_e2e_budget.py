@@ -1,7 +1,8 @@
 """Load-dependent budgets end to end (budget.mode table and auto): greedy outputs equal
 speculation off; a table giving one request 6 nodes and two or more requests 0 drafts at
 concurrency 1 and decodes plainly (no tree verified, no drafter call) when 8 requests decode
-together; auto mode profiles the verify cost at startup, learns from served steps and stays lossless."""
+together; auto mode profiles the verify cost at startup, learns from served steps and stays lossless;
+budget.reach_floor caps drafts from the acceptance it measures and stays lossless."""
 from __future__ import annotations
 
 import pytest
@@ -37,6 +38,11 @@ def runs(tiny_model):
         "drafter": DRAFTER, "tree": TREE, "budget": {"mode": "table", "table": [
             {"batch": [1, 1], "nodes": 6, "max_depth": 1}, {"batch": [2, None], "nodes": 6}]}}})
     out["depth-rule", 1] = run_engine(tiny_model, {**ENGINE, **spec}, _phase(1), inspect_proposer=True)
+    # budget.reach_floor: caps learnt from acceptance while serving
+    for c in (1, 8):
+        spec = dict(speculative_config=spec_config(6), additional_config={"treespec": {
+            "drafter": DRAFTER, "tree": TREE, "budget": {"reach_floor": 0.3}}})
+        out["reach", c] = run_engine(tiny_model, {**ENGINE, **spec}, _phase(c), inspect_proposer=True)
     return out
 
 
@@ -76,3 +82,11 @@ def test_table_rule_tree_overrides_reach_the_drafter(runs):
     # the lookup fills the 6-node budget with deeper continuations
     per_tree = lambda s: s["verified_nodes"] / s["verified_trees"]
     assert per_tree(capped) < 4 < per_tree(free)
+
+
+@pytest.mark.parametrize("concurrency", [1, 8])
+def test_reach_floor_is_lossless_and_learns_caps(runs, concurrency):
+    assert_same_outputs(runs["off", concurrency], runs["reach", concurrency])
+    state = runs["reach", concurrency]["proposer"][0]
+    assert state["stats"]["verified_trees"] > 0
+    assert set(state["reach"]) == {"greedy", "sampled"} and 1 <= state["reach"]["greedy"] <= 6

@@ -161,3 +161,32 @@ def test_drafters_that_ask_get_target_states_with_committed_rows(proposer):
     assert [r.tolist() for r in target.rows] == [[0, 2, 3], [4, 5, 6]]
     # a's accepted path (nodes 2, 3 at depths 1, 2) sits at contiguous positions after its root
     assert [p.tolist() for p in target.positions] == [[10, 11, 12], [0, 1, 2]]
+
+
+def test_reach_floor_caps_sampled_requests_from_their_acceptance():
+    """budget.reach_floor: a sampling class whose drafts are rarely accepted gets shallower drafts;
+    the other class keeps its budget; the class each request was capped as is freed on finish."""
+    from vllm import SamplingParams
+
+    from vllm_treespec.engine.proposer import TreeProposer
+
+    p = TreeProposer(_vllm_config(k=4, treespec={"drafter": {"type": "prompt_lookup"},
+                                                 "budget": {"reach_floor": 0.2}}))
+    rows = [[1, 2, 3, 9, 1, 2, 3], [1, 2, 3, 9, 1, 2, 3]]
+    runner = _runner(rows, ["greedy", "sampled"])
+    runner.requests = {
+        "greedy": SimpleNamespace(sampling_params=SamplingParams(temperature=0.0), output_token_ids=[1]),
+        "sampled": SimpleNamespace(sampling_params=SamplingParams(temperature=0.8), output_token_ids=[1]),
+    }
+    assert p.propose_step(runner, _sched(), [[3], [3]]) == [[9, 1, 2, 3]] * 2   # nothing learnt yet
+    assert p._reach_class == {"greedy": "greedy", "sampled": "sampled"}
+    for _ in range(50):                    # sampled drafts: first node rejected; greedy: all accepted
+        p.reach.observe(["sampled", "greedy"], [4, 4], [0, 4])
+    assert p.reach.state() == {"greedy": 4, "sampled": 1}
+    assert p.propose_step(runner, _sched(), [[3], [3]]) == [[9, 1, 2, 3], [9]]
+    p.on_requests_finished({"greedy", "sampled"})
+    assert p._reach_class == {}
+
+
+def test_reach_floor_off_by_default(proposer):
+    assert proposer.reach is None

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from vllm_treespec.budget import make_budget_policy
+from vllm_treespec.budget.reach import GREEDY as GREEDY_CLASS, ReachCap
 from vllm_treespec.config import TreespecConfig, from_additional_config
 from vllm_treespec.drafters import DraftInputs, make_drafter
 from vllm_treespec.drafters.base import TargetStates, chain_trees
@@ -61,6 +62,11 @@ class TreeProposer:
         # load-dependent budgets (budget.mode): chosen per step from the decoding batch size
         self.budget_policy = make_budget_policy(self.config.budget, self.num_speculative_tokens)
         self._budget_given: dict[str, int] = {}      # req id -> node budget of its current drafts
+        # budget.reach_floor: per sampling class, no deeper than its requests accept with that
+        # probability (budget/reach.py); the class each drafted request was capped as
+        floor = self.config.budget.reach_floor
+        self.reach = ReachCap(floor, max_depth=self.node_budget) if floor > 0 else None
+        self._reach_class: dict[str, str] = {}
         # the last verified step's (budgets, accepted, drafted) per tree, for the policy's observe
         self._verified: tuple[list[int], list[int], list[int]] | None = None
         self._draft_seconds = 0.0
@@ -128,6 +134,7 @@ class TreeProposer:
         for req_id in req_ids:
             self.requests.pop(req_id, None)
             self._budget_given.pop(req_id, None)
+            self._reach_class.pop(req_id, None)
             self.trees.pop(req_id, None)
             self.draft_probs.pop(req_id, None)
         observe = getattr(self.drafter, "observe_output", None)
@@ -160,6 +167,11 @@ class TreeProposer:
         if max_tokens is None or num_prompt is None:
             return self.node_budget
         return max(int(max_tokens) - (num_tokens - int(num_prompt)) - 1, 0)
+
+    def _sampling_class(self, runner: Any, req_id: str) -> str:
+        """greedy or sampled (budget/reach.py), from the request's temperature."""
+        params = getattr(self._cached(runner, req_id), "sampling_params", None)
+        return ReachCap.sampling_class(getattr(params, "temperature", None))
 
     def blocker(self, req_id: str, runner: Any) -> str | None:
         """Why this request may not be verified as a tree this step (None = it may).
@@ -258,6 +270,9 @@ class TreeProposer:
                     self.stats.observe_fallback(reason)
                 else:
                     caps[i] = min(cap, self._output_room(runner, req_ids[i], lengths[i]))
+                    if self.reach is not None:
+                        cls = self._reach_class[req_ids[i]] = self._sampling_class(runner, req_ids[i])
+                        caps[i] = min(caps[i], self.reach.cap(cls))
         budgets = np.array(caps, dtype=np.int64)
         sampling = None
         if getattr(self.drafter, "samples_drafts", False):
@@ -360,6 +375,11 @@ class TreeProposer:
             if st is not None:
                 st.accepted += a
         self._verified = ([self._budget_given.get(r, 0) for r in step.req_ids], accepted_len, sizes)
+        if self.reach is not None and step.num_trees:
+            offsets = step.trees.offsets.numpy()
+            depths = np.maximum.reduceat(step.trees.depth.numpy(), offsets[:-1]).tolist()
+            self.reach.observe([self._reach_class.get(r, GREEDY_CLASS) for r in step.req_ids], depths,
+                               accepted_len)
         if step.num_trees:
             parts = (accepted_at - start, compacted, step.attn.seconds if step.attn is not None else 0.0)
             self.stats.observe_verify(time.perf_counter() - start, sizes, accepted_len, moved, own, parts)
