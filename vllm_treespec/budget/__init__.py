@@ -11,6 +11,10 @@ a step, chosen from the load.
 Modes (`budget.mode`): fixed (`FixedBudget`, the same budget every step), table (`TableBudget`,
 a checked batch-size / context-length table; presets in configs/budgets/) and auto (`AutoBudget`,
 maximises predicted accepted tokens per second online, with hysteresis). Pure Python: no vLLM.
+
+On top of any mode, `budget.reach_floor` (`ReachCap`, budget/reach.py; an addition to DESIGN.md
+section 6, session 18) caps each request's nodes by its sampling class (greedy / sampled) at the
+depth that class's requests reach with at least that probability, learnt from acceptance.
 """
 from __future__ import annotations
 
@@ -18,13 +22,14 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 
 from vllm_treespec.budget.auto import AutoBudget, CostModel
 from vllm_treespec.budget.base import BudgetChoice, BudgetPolicy, FixedBudget
+from vllm_treespec.budget.reach import ReachCap
 from vllm_treespec.budget.table import TableBudget, TableRule
 
 if TYPE_CHECKING:
     from vllm_treespec.config import BudgetConfig
 
-__all__ = ["AutoBudget", "BudgetChoice", "BudgetPolicy", "CostModel", "FixedBudget", "TableBudget",
-           "TableRule", "default_candidates", "make_budget_policy"]
+__all__ = ["AutoBudget", "BudgetChoice", "BudgetPolicy", "CostModel", "FixedBudget", "ReachCap",
+           "TableBudget", "TableRule", "default_candidates", "make_budget_policy"]
 
 
 def default_candidates(cap: int) -> list[int]:
