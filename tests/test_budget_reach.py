@@ -79,3 +79,17 @@ def test_bad_arguments(kwargs, match):
 def test_observe_needs_one_entry_per_request():
     with pytest.raises(ValueError, match="one entry per drafted request"):
         ReachCap(0.1, max_depth=4).observe([GREEDY], [2, 3], [1])
+
+
+def test_reach_caps_reach_stats_and_the_prometheus_gauge():
+    from prometheus_client import CollectorRegistry
+
+    from vllm_treespec.engine.metrics import TreeMetrics
+    from vllm_treespec.engine.tree_stats import TreeStats
+
+    registry = CollectorRegistry()
+    stats = TreeStats(8, metrics=TreeMetrics(registry))
+    stats.observe_reach({GREEDY: 8, SAMPLED: 3})
+    assert stats.summary()["reach_caps"] == {GREEDY: 8, SAMPLED: 3}
+    assert registry.get_sample_value("treespec_reach_cap_nodes", {"sampling": SAMPLED}) == 3
+    assert registry.get_sample_value("treespec_reach_cap_nodes", {"sampling": GREEDY}) == 8

@@ -2,7 +2,8 @@
 
 vLLM's own `vllm:spec_decode_*` series already count trees right (drafted = nodes, accepted =
 path length). These add what only the worker knows: nodes per tree, accepted depth, drafter and
-verification time per step, the budget chosen, KV moves, and why requests decoded without drafts.
+verification time per step, the budget chosen, the reach caps, KV moves, and why requests decoded
+without drafts.
 
 The worker is a separate process from the API server that serves `/metrics`; prometheus_client's
 multiprocess mode joins them: `vllm-treespec serve` sets `PROMETHEUS_MULTIPROC_DIR` before vLLM
@@ -26,8 +27,16 @@ _SECONDS_BUCKETS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.
 class TreeMetrics:
     """The treespec_* series (created once per worker process)."""
 
-    def __init__(self) -> None:
-        from prometheus_client import Counter, Gauge, Histogram
+    def __init__(self, registry: Any = None) -> None:
+        """registry: prometheus_client's default one (None), or another for tests."""
+        from functools import partial
+
+        import prometheus_client as prom
+
+        reg = prom.REGISTRY if registry is None else registry
+        Counter = partial(prom.Counter, registry=reg)
+        Gauge = partial(prom.Gauge, registry=reg)
+        Histogram = partial(prom.Histogram, registry=reg)
 
         self.nodes = Histogram("treespec_tree_nodes", "Draft nodes verified per tree (after scheduler cuts).",
                                buckets=_COUNT_BUCKETS)
@@ -38,6 +47,9 @@ class TreeMetrics:
         self.budget_chosen = Gauge("treespec_budget_chosen_nodes", "The budget policy's latest choice "
                                    "(node budget per request; 0 = plain decoding) for the step's load.",
                                    multiprocess_mode="mostrecent")
+        self.reach_cap = Gauge("treespec_reach_cap_nodes", "budget.reach_floor: the node cap of each "
+                               "sampling class (greedy, sampled), learnt from acceptance.", ["sampling"],
+                               multiprocess_mode="mostrecent")
         self.draft_seconds = Histogram("treespec_draft_seconds", "Drafter + tree builder time per step.",
                                        buckets=_SECONDS_BUCKETS)
         self.verify_seconds = Histogram("treespec_verify_seconds",
@@ -65,6 +77,10 @@ class TreeMetrics:
 
     def observe_budget_choice(self, nodes: int) -> None:
         self.budget_chosen.set(nodes)
+
+    def observe_reach(self, caps: dict[str, int]) -> None:
+        for sampling, nodes in caps.items():
+            self.reach_cap.labels(sampling=sampling).set(nodes)
 
     def observe_verify(self, seconds: float, nodes: Sequence[int], accepted: Sequence[int], moves: int,
                        parts: tuple[float, float, float]) -> None:

@@ -380,6 +380,7 @@ class TreeProposer:
             depths = np.maximum.reduceat(step.trees.depth.numpy(), offsets[:-1]).tolist()
             self.reach.observe([self._reach_class.get(r, GREEDY_CLASS) for r in step.req_ids], depths,
                                accepted_len)
+            self.stats.observe_reach(self.reach.state())
         if step.num_trees:
             parts = (accepted_at - start, compacted, step.attn.seconds if step.attn is not None else 0.0)
             self.stats.observe_verify(time.perf_counter() - start, sizes, accepted_len, moved, own, parts)

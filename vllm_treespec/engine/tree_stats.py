@@ -37,6 +37,7 @@ class TreeStats:
     kv_moves: int = 0
     own_steps: int = 0
     budget_choices: dict[int, int] = field(default_factory=dict)   # policy choice -> steps
+    reach_caps: dict[str, int] = field(default_factory=dict)       # budget.reach_floor: class -> cap
     metrics: Any = None          # TreeMetrics, or None when this worker exports nothing
     # plain lists: a step adds one count per tree, which numpy's per-call cost would dominate
     nodes_hist: list[int] = field(init=False)
@@ -94,6 +95,12 @@ class TreeStats:
             self.metrics.observe_budget_choice(nodes)
         self.budget_choices[nodes] = self.budget_choices.get(nodes, 0) + 1
 
+    def observe_reach(self, caps: dict[str, int]) -> None:
+        """budget.reach_floor's current node cap per sampling class."""
+        if self.metrics is not None:
+            self.metrics.observe_reach(caps)
+        self.reach_caps = dict(caps)
+
     def observe_fallback(self, reason: str) -> None:
         if self.metrics is not None:
             self.metrics.observe_fallback(reason)
@@ -113,4 +120,5 @@ class TreeStats:
             "mean_accepted": self.accepted / max(self.verified_trees, 1),
             "nodes_hist": list(self.nodes_hist), "depth_hist": list(self.depth_hist),
             "budget_choices": dict(sorted(self.budget_choices.items())),
+            "reach_caps": dict(self.reach_caps),
         }
