@@ -173,6 +173,33 @@ def _check_num_draws(
     return n
 
 
+def _request_params(mode: Mode, sampling: SamplingParamsBatch | None, num_requests: int,
+                    device: torch.device) -> tuple[SamplingParamsBatch | None, torch.Tensor]:
+    """(validated sampling parameters or None in greedy mode, bool [B] greedy requests)."""
+    if mode == "greedy":
+        return None, torch.ones(num_requests, dtype=torch.bool, device=device)
+    if sampling is None:
+        sampling = SamplingParamsBatch.random(num_requests)
+    params = sampling.validated(num_requests, device)
+    return params, params.is_greedy
+
+
+def _coins(offsets: torch.Tensor, request_of_row: torch.Tensor, per_node: int, generators: Generators,
+           is_greedy: torch.Tensor, coin_rows: int | None) -> torch.Tensor | None:
+    """Every sampled request's coin block (coins.py); None when all requests are greedy, after
+    checking that a generator list still has one entry per request."""
+    if not bool(is_greedy.all()):
+        return draw_coins(offsets, request_of_row, per_node, generators, is_greedy, coin_rows)
+    num_requests = offsets.numel() - 1
+    if generators is not None and not isinstance(generators, torch.Generator):
+        if len(generators) != num_requests:
+            raise ValueError(
+                f"generators has {len(generators)} entries but the batch has {num_requests} "
+                "requests"
+            )
+    return None
+
+
 def _root_only_offsets(tree: Any, device: torch.device) -> torch.Tensor | None:
     """The offsets of a valid batch of root-only trees (no drafts anywhere: every request owns
     one row, its root), else None (build_layout then validates and reports any error)."""
@@ -204,24 +231,9 @@ def _accept_roots(offsets: torch.Tensor, logits: torch.Tensor, mode: Mode,
     if max_depth is not None and max_depth < 0:
         raise ValueError(f"max_depth={max_depth} is smaller than the deepest node (0)")
     width = 1 if max_depth is None else max_depth + 1
-    params: SamplingParamsBatch | None = None
-    if mode == "greedy":
-        is_greedy = torch.ones(num_requests, dtype=torch.bool, device=device)
-    else:
-        if sampling is None:
-            sampling = SamplingParamsBatch.random(num_requests)
-        params = sampling.validated(num_requests, device)
-        is_greedy = params.is_greedy
-    request_of_row = torch.arange(num_requests, device=device)
-    coins = None
-    if not bool(is_greedy.all()):
-        coins = draw_coins(offsets, request_of_row, 1, generators, is_greedy, coin_rows)
-    elif generators is not None and not isinstance(generators, torch.Generator):
-        if len(generators) != num_requests:
-            raise ValueError(
-                f"generators has {len(generators)} entries but the batch has {num_requests} "
-                "requests"
-            )
+    params, is_greedy = _request_params(mode, sampling, num_requests, device)
+    coins = _coins(offsets, torch.arange(num_requests, device=device), 1, generators, is_greedy,
+                   coin_rows)
     picked = torch.empty(num_requests, dtype=torch.int64, device=device)
     g = is_greedy.nonzero().squeeze(1)
     if g.numel():
@@ -316,14 +328,7 @@ def accept(
             )
         width = max_depth + 1
 
-    params: SamplingParamsBatch | None = None
-    if mode == "greedy":
-        is_greedy = torch.ones(num_requests, dtype=torch.bool, device=device)
-    else:
-        if sampling is None:
-            sampling = SamplingParamsBatch.random(num_requests)
-        params = sampling.validated(num_requests, device)
-        is_greedy = params.is_greedy
+    params, is_greedy = _request_params(mode, sampling, num_requests, device)
     q_all: torch.Tensor | None = None
     q_index: torch.Tensor | None = None
     draws: torch.Tensor | None = None
@@ -341,23 +346,8 @@ def accept(
     elif draft_rows is not None:
         raise ValueError("draft_rows is only used by mode='rrs'")
 
-    all_greedy = bool(is_greedy.all())
-    coins = None
-    if not all_greedy:
-        coins = draw_coins(
-            layout.offsets,
-            layout.request_of_row,
-            2 if mode == "rrs" else 1,
-            generators,
-            is_greedy,
-            coin_rows,
-        )
-    elif generators is not None and not isinstance(generators, torch.Generator):
-        if len(generators) != num_requests:
-            raise ValueError(
-                f"generators has {len(generators)} entries but the batch has {num_requests} "
-                "requests"
-            )
+    coins = _coins(layout.offsets, layout.request_of_row, 2 if mode == "rrs" else 1, generators,
+                   is_greedy, coin_rows)
 
     emitted = torch.full((num_requests, width), -1, dtype=torch.int64, device=device)
     nodes = torch.full((num_requests, width), -1, dtype=torch.int64, device=device)
