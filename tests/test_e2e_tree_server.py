@@ -85,7 +85,8 @@ def test_tree_series_on_metrics_agree_with_vllm_counters(served):
     m = served["tree"]["metrics"]
     for name in ("treespec_tree_nodes_count", "treespec_accepted_depth_sum", "treespec_draft_seconds_count",
                  "treespec_verify_seconds_count", "treespec_budget_nodes_count",
-                 "treespec_budget_chosen_nodes"):
+                 "treespec_budget_chosen_nodes",
+                 "treespec_reach_cap_nodes"):         # prompt-lookup-tree sets budget.reach_floor
         assert m.get(name, 0) > 0, f"{name} missing from /metrics"
     # accepted = path lengths on both sides; vLLM's drafted also counts its own -1 padding drafts
     assert m["treespec_accepted_depth_sum"] == m["vllm:spec_decode_num_accepted_tokens_total"]
