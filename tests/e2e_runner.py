@@ -26,7 +26,6 @@ def _proposer_state(worker) -> dict:
         "stats": drafter.stats.summary() if hasattr(drafter, "stats") else None,
         "drafter": getattr(getattr(drafter, "drafter", None), "counters", dict)(),
         "budget": drafter.budget_policy.state() if hasattr(drafter, "budget_policy") else None,
-        "reach": drafter.reach.state() if getattr(drafter, "reach", None) is not None else None,
     }
 
 

@@ -1,4 +1,4 @@
-"""budget/reach.py: depth caps per sampling class from measured acceptance."""
+"""budget/reach.py: per-request depth caps from measured acceptance."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,15 +7,15 @@ import pytest
 from vllm_treespec.budget.reach import GREEDY, SAMPLED, ReachCap
 
 
-def _feed(cap: ReachCap, cls: str, accept_prob: float, steps: int, rng: np.random.Generator) -> None:
-    """Steps of one request each: drafts as deep as the class's cap, every node accepted with
-    accept_prob given its parent was (geometric acceptance)."""
+def _feed(cap: ReachCap, req: str, accept_prob: float, steps: int, rng: np.random.Generator) -> None:
+    """Steps of one request: drafts as deep as its cap, every node accepted with accept_prob
+    given its parent was (geometric acceptance)."""
     for _ in range(steps):
-        depth = cap.cap(cls)
+        depth = cap.cap(req)
         accepted = 0
         while accepted < depth and rng.random() < accept_prob:
             accepted += 1
-        cap.observe([cls], [depth], [accepted])
+        cap.observe([req], [depth], [accepted])
 
 
 def test_sampling_class_follows_vllm_epsilon():
@@ -28,40 +28,53 @@ def test_sampling_class_follows_vllm_epsilon():
 def test_cap_starts_full_and_settles_where_reach_meets_the_floor():
     rng = np.random.default_rng(0)
     cap = ReachCap(0.05, max_depth=32)
-    assert cap.state() == {GREEDY: 32, SAMPLED: 32}
-    _feed(cap, SAMPLED, 0.5, 2000, rng)
-    _feed(cap, GREEDY, 0.97, 2000, rng)
-    # 0.5^4 = 0.0625 >= 0.05 > 0.5^5; 0.97^32 = 0.38: the greedy class keeps every level
-    assert cap.cap(SAMPLED) in (3, 4, 5)
-    assert cap.cap(GREEDY) == 32
-    reach = cap.reach(SAMPLED)
-    assert np.all(np.diff(reach) <= 0) and reach[0] == pytest.approx(0.5, abs=0.08)
+    assert cap.cap("new") == 32
+    _feed(cap, "low", 0.5, 300, rng)
+    _feed(cap, "high", 0.97, 300, rng)
+    # 0.5^4 = 0.0625 >= 0.05 > 0.5^5; 0.97^32 = 0.38: the other request keeps every level
+    assert cap.cap("low") in (3, 4, 5, 6)
+    assert cap.cap("high") == 32
+    reach = cap.reach("low")
+    assert np.all(np.diff(reach) <= 0) and reach[0] == pytest.approx(0.5, abs=0.15)
+
+
+def test_a_request_learns_within_a_few_steps():
+    rng = np.random.default_rng(2)
+    cap = ReachCap(0.02, max_depth=32)
+    _feed(cap, "r", 0.4, 15, rng)
+    assert cap.cap("r") <= 16           # from 32: unexplored depths keep the optimistic prior
 
 
 def test_a_lowered_cap_grows_back_when_acceptance_rises():
     rng = np.random.default_rng(1)
     cap = ReachCap(0.05, max_depth=32)
-    _feed(cap, SAMPLED, 0.3, 1500, rng)
-    low = cap.cap(SAMPLED)
-    assert low <= 3
-    _feed(cap, SAMPLED, 0.98, 1500, rng)
-    assert cap.cap(SAMPLED) >= 20 > low
+    _feed(cap, "r", 0.3, 200, rng)
+    low = cap.cap("r")
+    assert low <= 4
+    _feed(cap, "r", 0.98, 300, rng)
+    assert cap.cap("r") >= 20 > low
 
 
-def test_cap_never_drops_below_one_and_classes_are_independent():
-    cap = ReachCap(0.5, max_depth=8)
-    for _ in range(300):
-        cap.observe([SAMPLED], [8], [0])
-    assert cap.cap(SAMPLED) == 1 and cap.cap(GREEDY) == 8
+def test_requests_are_independent_and_released():
+    """A request's cap depends on its own drafts only: the same history gives the same caps,
+    whatever other requests do (seeded requests stay reproducible)."""
+    cap, alone = ReachCap(0.5, max_depth=8), ReachCap(0.5, max_depth=8)
+    for _ in range(30):
+        cap.observe(["a", "b"], [8, 8], [0, 8])
+        alone.observe(["b"], [8], [8])
+    assert cap.cap("a") == 1 and cap.cap("b") == alone.cap("b") == 8
+    assert np.array_equal(cap.reach("b"), alone.reach("b"))
+    cap.release(["a", "never-seen"])
+    assert cap.cap("a") == 8 and cap.tracked() == 1
 
 
 def test_observations_are_clipped_to_the_tree():
-    cap = ReachCap(0.1, max_depth=4)
-    cap.observe([GREEDY, GREEDY], [9, 2], [12, 5])     # deeper than max_depth; accepted > depth
-    assert cap.reached[GREEDY].tolist() == [2.0, 2.0, 1.0, 1.0]
-    assert cap.accepted[GREEDY].tolist() == [2.0, 2.0, 1.0, 1.0]
-    cap.observe([GREEDY], [0], [0])                     # a root-only tree says nothing
-    assert cap.reached[GREEDY].tolist() == [2.0, 2.0, 1.0, 1.0]
+    cap = ReachCap(0.1, max_depth=4, decay=0.0)
+    cap.observe(["r", "r"], [9, 2], [12, 5])           # deeper than max_depth; accepted > depth
+    reached, hit = cap._counts["r"]
+    assert reached.tolist() == [2.0, 2.0, 1.0, 1.0] and hit.tolist() == [2.0, 2.0, 1.0, 1.0]
+    cap.observe(["r"], [0], [0])                        # a root-only tree says nothing
+    assert cap._counts["r"][0].tolist() == [2.0, 2.0, 1.0, 1.0]
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -78,7 +91,7 @@ def test_bad_arguments(kwargs, match):
 
 def test_observe_needs_one_entry_per_request():
     with pytest.raises(ValueError, match="one entry per drafted request"):
-        ReachCap(0.1, max_depth=4).observe([GREEDY], [2, 3], [1])
+        ReachCap(0.1, max_depth=4).observe(["r"], [2, 3], [1])
 
 
 def test_reach_caps_reach_stats_and_the_prometheus_gauge():
@@ -89,7 +102,7 @@ def test_reach_caps_reach_stats_and_the_prometheus_gauge():
 
     registry = CollectorRegistry()
     stats = TreeStats(8, metrics=TreeMetrics(registry))
-    stats.observe_reach({GREEDY: 8, SAMPLED: 3})
-    assert stats.summary()["reach_caps"] == {GREEDY: 8, SAMPLED: 3}
-    assert registry.get_sample_value("treespec_reach_cap_nodes", {"sampling": SAMPLED}) == 3
-    assert registry.get_sample_value("treespec_reach_cap_nodes", {"sampling": GREEDY}) == 8
+    stats.observe_reach({GREEDY: 8.0, SAMPLED: 2.5})
+    assert stats.summary()["reach_caps"] == {GREEDY: 8.0, SAMPLED: 2.5}
+    assert registry.get_sample_value("treespec_reach_cap_nodes", {"sampling": SAMPLED}) == 2.5
+    assert registry.get_sample_value("treespec_reach_cap_nodes", {"sampling": GREEDY}) == 8.0

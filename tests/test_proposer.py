@@ -163,9 +163,9 @@ def test_drafters_that_ask_get_target_states_with_committed_rows(proposer):
     assert [p.tolist() for p in target.positions] == [[10, 11, 12], [0, 1, 2]]
 
 
-def test_reach_floor_caps_sampled_requests_from_their_acceptance():
-    """budget.reach_floor: a sampling class whose drafts are rarely accepted gets shallower drafts;
-    the other class keeps its budget; the class each request was capped as is freed on finish."""
+def test_reach_floor_caps_each_request_from_its_acceptance():
+    """budget.reach_floor: a request whose drafts are rarely accepted gets shallower drafts, the
+    others keep their budget; its state is freed on finish."""
     from vllm import SamplingParams
 
     from vllm_treespec.engine.proposer import TreeProposer
@@ -182,10 +182,11 @@ def test_reach_floor_caps_sampled_requests_from_their_acceptance():
     assert p._reach_class == {"greedy": "greedy", "sampled": "sampled"}
     for _ in range(50):                    # sampled drafts: first node rejected; greedy: all accepted
         p.reach.observe(["sampled", "greedy"], [4, 4], [0, 4])
-    assert p.reach.state() == {"greedy": 4, "sampled": 1}
+    assert (p.reach.cap("greedy"), p.reach.cap("sampled")) == (4, 1)
+    assert p._reach_means() == {"greedy": 4.0, "sampled": 1.0}
     assert p.propose_step(runner, _sched(), [[3], [3]]) == [[9, 1, 2, 3], [9]]
     p.on_requests_finished({"greedy", "sampled"})
-    assert p._reach_class == {}
+    assert p._reach_class == {} and p.reach.tracked() == 0
 
 
 def test_reach_floor_off_by_default(proposer):

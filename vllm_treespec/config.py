@@ -415,10 +415,9 @@ class BudgetConfig:
         "keys per rule: budget.table[].*"))
     auto: AutoBudgetConfig = spec(default_factory=AutoBudgetConfig, doc="mode auto: parameters.")
     reach_floor: float = spec(0.0, ge=0.0, le=0.99, doc=(
-        "Cap each request's nodes at the deepest level that requests of its sampling class (greedy "
-        "or sampled) reach with at least this probability, learnt from the acceptance measured "
-        "while serving (budget/reach.py); 0 = off. Sampled requests accept far fewer of a drafter's "
-        "tokens than greedy ones; this stops verifying rows they rarely get to."))
+        "Cap each request's nodes at the deepest level it reaches with at least this probability, "
+        "learnt from its own accepted drafts (budget/reach.py); 0 = off. Sampled requests accept far "
+        "fewer of a drafter's tokens than greedy ones; this stops verifying rows they rarely get to."))
 
     def validate(self, prefix: str) -> None:
         if self.mode != "table":

@@ -13,8 +13,8 @@ a checked batch-size / context-length table; presets in configs/budgets/) and au
 maximises predicted accepted tokens per second online, with hysteresis). Pure Python: no vLLM.
 
 On top of any mode, `budget.reach_floor` (`ReachCap`, budget/reach.py; an addition to DESIGN.md
-section 6, session 18) caps each request's nodes by its sampling class (greedy / sampled) at the
-depth that class's requests reach with at least that probability, learnt from acceptance.
+section 6, session 18) caps each request's nodes at the depth it reaches with at least that
+probability, learnt from its own accepted drafts.
 """
 from __future__ import annotations
 

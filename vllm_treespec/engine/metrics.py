@@ -47,9 +47,9 @@ class TreeMetrics:
         self.budget_chosen = Gauge("treespec_budget_chosen_nodes", "The budget policy's latest choice "
                                    "(node budget per request; 0 = plain decoding) for the step's load.",
                                    multiprocess_mode="mostrecent")
-        self.reach_cap = Gauge("treespec_reach_cap_nodes", "budget.reach_floor: the node cap of each "
-                               "sampling class (greedy, sampled), learnt from acceptance.", ["sampling"],
-                               multiprocess_mode="mostrecent")
+        self.reach_cap = Gauge("treespec_reach_cap_nodes", "budget.reach_floor: the mean node cap of the "
+                               "live requests of each sampling class (greedy, sampled), learnt from "
+                               "their acceptance.", ["sampling"], multiprocess_mode="mostrecent")
         self.draft_seconds = Histogram("treespec_draft_seconds", "Drafter + tree builder time per step.",
                                        buckets=_SECONDS_BUCKETS)
         self.verify_seconds = Histogram("treespec_verify_seconds",
@@ -78,7 +78,7 @@ class TreeMetrics:
     def observe_budget_choice(self, nodes: int) -> None:
         self.budget_chosen.set(nodes)
 
-    def observe_reach(self, caps: dict[str, int]) -> None:
+    def observe_reach(self, caps: dict[str, float]) -> None:
         for sampling, nodes in caps.items():
             self.reach_cap.labels(sampling=sampling).set(nodes)
 

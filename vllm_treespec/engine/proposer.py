@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from vllm_treespec.budget import make_budget_policy
-from vllm_treespec.budget.reach import GREEDY as GREEDY_CLASS, ReachCap
+from vllm_treespec.budget.reach import ReachCap
 from vllm_treespec.config import TreespecConfig, from_additional_config
 from vllm_treespec.drafters import DraftInputs, make_drafter
 from vllm_treespec.drafters.base import TargetStates, chain_trees
@@ -62,8 +62,8 @@ class TreeProposer:
         # load-dependent budgets (budget.mode): chosen per step from the decoding batch size
         self.budget_policy = make_budget_policy(self.config.budget, self.num_speculative_tokens)
         self._budget_given: dict[str, int] = {}      # req id -> node budget of its current drafts
-        # budget.reach_floor: per sampling class, no deeper than its requests accept with that
-        # probability (budget/reach.py); the class each drafted request was capped as
+        # budget.reach_floor: no deeper than each request accepts with that probability
+        # (budget/reach.py); its sampling class (greedy / sampled) for the stats
         floor = self.config.budget.reach_floor
         self.reach = ReachCap(floor, max_depth=self.node_budget) if floor > 0 else None
         self._reach_class: dict[str, str] = {}
@@ -135,6 +135,8 @@ class TreeProposer:
             self.requests.pop(req_id, None)
             self._budget_given.pop(req_id, None)
             self._reach_class.pop(req_id, None)
+        if self.reach is not None:
+            self.reach.release(req_ids)
             self.trees.pop(req_id, None)
             self.draft_probs.pop(req_id, None)
         observe = getattr(self.drafter, "observe_output", None)
@@ -167,6 +169,14 @@ class TreeProposer:
         if max_tokens is None or num_prompt is None:
             return self.node_budget
         return max(int(max_tokens) - (num_tokens - int(num_prompt)) - 1, 0)
+
+    def _reach_means(self) -> dict[str, float]:
+        """Mean reach cap of the live requests of each sampling class (for stats and /metrics)."""
+        assert self.reach is not None
+        per: dict[str, list[int]] = {}
+        for req_id, cls in self._reach_class.items():
+            per.setdefault(cls, []).append(self.reach.cap(req_id))
+        return {cls: sum(c) / len(c) for cls, c in per.items()}
 
     def _sampling_class(self, runner: Any, req_id: str) -> str:
         """greedy or sampled (budget/reach.py), from the request's temperature."""
@@ -271,8 +281,8 @@ class TreeProposer:
                 else:
                     caps[i] = min(cap, self._output_room(runner, req_ids[i], lengths[i]))
                     if self.reach is not None:
-                        cls = self._reach_class[req_ids[i]] = self._sampling_class(runner, req_ids[i])
-                        caps[i] = min(caps[i], self.reach.cap(cls))
+                        self._reach_class[req_ids[i]] = self._sampling_class(runner, req_ids[i])
+                        caps[i] = min(caps[i], self.reach.cap(req_ids[i]))
         budgets = np.array(caps, dtype=np.int64)
         sampling = None
         if getattr(self.drafter, "samples_drafts", False):
@@ -378,9 +388,8 @@ class TreeProposer:
         if self.reach is not None and step.num_trees:
             offsets = step.trees.offsets.numpy()
             depths = np.maximum.reduceat(step.trees.depth.numpy(), offsets[:-1]).tolist()
-            self.reach.observe([self._reach_class.get(r, GREEDY_CLASS) for r in step.req_ids], depths,
-                               accepted_len)
-            self.stats.observe_reach(self.reach.state())
+            self.reach.observe(step.req_ids, depths, accepted_len)
+            self.stats.observe_reach(self._reach_means())
         if step.num_trees:
             parts = (accepted_at - start, compacted, step.attn.seconds if step.attn is not None else 0.0)
             self.stats.observe_verify(time.perf_counter() - start, sizes, accepted_len, moved, own, parts)

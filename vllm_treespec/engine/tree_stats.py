@@ -37,7 +37,7 @@ class TreeStats:
     kv_moves: int = 0
     own_steps: int = 0
     budget_choices: dict[int, int] = field(default_factory=dict)   # policy choice -> steps
-    reach_caps: dict[str, int] = field(default_factory=dict)       # budget.reach_floor: class -> cap
+    reach_caps: dict[str, float] = field(default_factory=dict)     # budget.reach_floor: class -> mean cap
     metrics: Any = None          # TreeMetrics, or None when this worker exports nothing
     # plain lists: a step adds one count per tree, which numpy's per-call cost would dominate
     nodes_hist: list[int] = field(init=False)
@@ -95,8 +95,8 @@ class TreeStats:
             self.metrics.observe_budget_choice(nodes)
         self.budget_choices[nodes] = self.budget_choices.get(nodes, 0) + 1
 
-    def observe_reach(self, caps: dict[str, int]) -> None:
-        """budget.reach_floor's current node cap per sampling class."""
+    def observe_reach(self, caps: dict[str, float]) -> None:
+        """budget.reach_floor: the mean node cap of the live requests of each sampling class."""
         if self.metrics is not None:
             self.metrics.observe_reach(caps)
         self.reach_caps = dict(caps)
