@@ -18,10 +18,12 @@ drift back towards the prior as their counts decay, so a lowered cap is tried de
 acceptance rises. The cap bounds the request's node budget: a chain's nodes are its depth; a tree
 is shrunk to that many nodes (and so to that depth at most).
 
-Why per request and not per sampling class: a request's trees then depend on its own history
-only, so a seeded request samples the same tokens whatever else the server runs (verify/coins.py
-keeps its random stream independent of the batch; a shared cap would not). It also fits each
-request's own temperature, filters and text. Pure Python and numpy: no vLLM.
+Why per request and not per sampling class: the cap then depends on the request's own history
+only, so it adds no dependence on other traffic. A seeded request keeps sampling the same tokens
+whatever else the server runs, as far as its drafter and budget mode allow (a fixed budget and a
+drafter without an online layer; verify/coins.py keeps its random stream independent of the
+batch). A cap shared by a class would not: the tree shape decides which coins sample which token.
+It also fits each request's own temperature, filters and text. Pure Python and numpy: no vLLM.
 """
 from __future__ import annotations
 
