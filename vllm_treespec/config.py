@@ -640,9 +640,6 @@ def _check_budget_tree(cfg: TreespecConfig) -> None:
     if cfg.budget.mode != "table":
         return
     builder, used = cfg.tree.builder, _BUILDER_KEYS[cfg.tree.builder]
-    if cfg.tree.prefetch is not None and cfg.drafter.type != "draft_model":
-        raise ConfigError(f"tree.prefetch: only draft_model drafters expand best_first nodes with a "
-                          f"model call each; {cfg.drafter.type} drafts do not, remove tree.prefetch")
     ranking = _SELF_RANKING.get(cfg.drafter.type)
     key = cfg.budget.rules_key()
     checked = set()
