@@ -200,10 +200,11 @@ def _coins(offsets: torch.Tensor, request_of_row: torch.Tensor, per_node: int, g
     return None
 
 
-def _root_only_offsets(tree: Any, device: torch.device) -> torch.Tensor | None:
+def _root_only_offsets(fields: tuple[torch.Tensor, ...], device: torch.device) -> torch.Tensor | None:
     """The offsets of a valid batch of root-only trees (no drafts anywhere: every request owns
-    one row, its root), else None (build_layout then validates and reports any error)."""
-    offsets, tokens, parents, depth = unpack_tree(tree, device)
+    one row, its root), else None (build_layout then validates and reports any error). `fields`:
+    unpack_tree's (offsets, tokens, parents, depth)."""
+    offsets, tokens, parents, depth = fields
     num_requests = offsets.numel() - 1
     if num_requests < 1 or tokens.numel() != num_requests or parents.numel() != num_requests:
         return None
@@ -309,11 +310,12 @@ def accept(
         raise TypeError(f"logits must be floating point, got {logits.dtype}")
     device = logits.device
     vocab = logits.shape[1]
+    fields = unpack_tree(tree, device)       # once: build_layout takes the unpacked tuple as is
     if mode != "rrs":
-        roots = _root_only_offsets(tree, device)
+        roots = _root_only_offsets(fields, device)
         if roots is not None:
             return _accept_roots(roots, logits, mode, sampling, generators, max_depth, coin_rows)
-    layout = build_layout(tree, vocab, device)
+    layout = build_layout(fields, vocab, device)
     if logits.shape[0] != layout.num_rows:
         raise ValueError(
             f"logits has {logits.shape[0]} rows but the tree batch has {layout.num_rows} nodes; "
