@@ -22,6 +22,8 @@ def _proposer_state(worker) -> dict:
     return {
         "proposer": type(drafter).__name__ if drafter is not None else None,
         "tracked_requests": None if requests is None else len(requests),
+        # every per-request table of the proposer and its drafter: {name: requests held}
+        "tables": drafter.tracked_requests() if hasattr(drafter, "tracked_requests") else None,
         "drafted": None if requests is None else sum(s.drafted for s in requests.values()),
         "stats": drafter.stats.summary() if hasattr(drafter, "stats") else None,
         "drafter": getattr(getattr(drafter, "drafter", None), "counters", dict)(),
@@ -42,7 +44,7 @@ def _settled_proposer_state(llm, timeout_s: float = 20.0) -> list:
     deadline = time.time() + timeout_s
     while True:
         state = llm.collective_rpc(_proposer_state)
-        held = [(s.get("tracked_requests") or 0) + ((s.get("drafter") or {}).get("cached_requests") or 0)
+        held = [sum((s.get("tables") or {}).values()) + (s.get("tracked_requests") or 0)
                 for s in state]
         if not any(held) or time.time() > deadline:
             return state

@@ -89,3 +89,11 @@ def test_seeded_requests_reproduce(sampled):
     outs = {p["name"]: [o["token_ids"] for o in p["outputs"]] for p in sampled["template"]["phases"]}
     assert outs["seeded-c1"] == outs["seeded-c1-again"]
     assert len({tuple(t) for t in outs["seeded-c1"]}) > 50        # the seeds do sample
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_every_per_request_table_is_freed(sampled, shape):
+    """Thousands of short sampled requests, each holding q rows and a seeded drafter generator
+    while it ran: once they finished, the proposer and the drafter hold nothing of them."""
+    tables = sampled[shape]["proposer"][0]["tables"]
+    assert tables and "drafter.cache_slots" in tables and not any(tables.values()), tables

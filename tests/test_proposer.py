@@ -87,6 +87,26 @@ def test_trees_are_kept_per_request_and_freed_on_finish(proposer):
     assert proposer.requests == {} and proposer.trees == {}
 
 
+@pytest.mark.parametrize("reach_floor", [0.0, 0.2])
+def test_finishing_requests_that_hold_trees_and_q_rows_frees_every_table(reach_floor):
+    """Several requests finished at once while each still holds its last tree and q rows (what a
+    request has when it finishes mid-draft): nothing of theirs may stay behind, reach on or off."""
+    from vllm_treespec.engine.proposer import TreeProposer
+
+    p = TreeProposer(_vllm_config(k=4, treespec={"drafter": {"type": "prompt_lookup"},
+                                                 "budget": {"reach_floor": reach_floor}}))
+    ids = ["a", "b", "c"]
+    runner = _runner([[1, 2, 3, 9, 1, 2, 3]] * 3, ids)
+    assert p.propose_step(runner, _sched(), [[3]] * 3) == [[9, 1, 2, 3]] * 3
+    for r in ids:
+        p.draft_probs[r] = object()          # a sampled tree's q rows, as a sampling drafter leaves
+    assert set(p.trees) == set(ids)
+    p.on_requests_finished(["a", "c"])
+    assert set(p.trees) == {"b"} and set(p.draft_probs) == {"b"} and set(p.requests) == {"b"}
+    p.on_requests_finished(["b", "never-seen"])
+    assert all(n == 0 for n in p.tracked_requests().values()), p.tracked_requests()
+
+
 def test_requests_with_options_trees_cannot_honour_get_no_drafts(proposer):
     from vllm import SamplingParams
 

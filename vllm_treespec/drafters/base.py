@@ -108,3 +108,7 @@ class Drafter(Protocol):
 
     def on_requests_finished(self, req_ids: Sequence[str]) -> None:
         """Forget per-request state of finished or aborted requests."""
+
+    def tracked_requests(self) -> dict[str, int]:
+        """Requests each per-request table holds (a leak check: all 0 once every request
+        finished); {} for drafters without per-request state."""

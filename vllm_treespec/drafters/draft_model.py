@@ -112,6 +112,13 @@ class DraftModelDrafter:
             self.bandits.pop(r, None)
             self.last_draft.pop(r, None)
 
+    def tracked_requests(self) -> dict[str, int]:
+        counts = {"bandits": len(self.bandits), "last_draft": len(self.last_draft),
+                  "cache_slots": self.lm.tracked_requests()}
+        if self.sampler is not None:
+            counts["sampler_generators"] = len(self.sampler.generators)
+        return counts
+
     def counters(self) -> dict[str, int]:
         """Drafter-side counts for tests and reports."""
         return {"no_slot": self.no_slot, "evictions": self.lm.evictions, "sampled_trees": self.sampled_trees}

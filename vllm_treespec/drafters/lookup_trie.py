@@ -71,6 +71,9 @@ class LookupTrieDrafter:
     def on_requests_finished(self, req_ids: Sequence[str]) -> None:
         pass
 
+    def tracked_requests(self) -> dict[str, int]:
+        return {}    # no per-request state
+
 
 # ---------------------------------------------------------------------------- reference
 def lookup_trie_trees_reference(token_ids: np.ndarray, rows: Sequence[int], num_tokens: Sequence[int],

@@ -201,3 +201,6 @@ class NgramTrieDrafter:
 
     def on_requests_finished(self, req_ids: Sequence[str]) -> None:
         pass
+
+    def tracked_requests(self) -> dict[str, int]:
+        return {}    # no per-request state

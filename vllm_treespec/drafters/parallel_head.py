@@ -94,6 +94,9 @@ class HeadDrafter:
             self.caches.pop(r, None)
             self.base_pos.pop(r, None)
 
+    def tracked_requests(self) -> dict[str, int]:
+        return {"caches": len(self.caches), "base_pos": len(self.base_pos)}
+
     def counters(self) -> dict[str, int]:
         return {"restarts": self.restarts, "evictions": self.evictions, "cached_requests": len(self.caches),
                 "cache_mb": round(self._cache_bytes() / 2**20, 3)}

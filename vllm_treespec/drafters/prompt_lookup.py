@@ -61,3 +61,6 @@ class PromptLookupDrafter:
 
     def on_requests_finished(self, req_ids: Sequence[str]) -> None:
         pass
+
+    def tracked_requests(self) -> dict[str, int]:
+        return {}    # no per-request state

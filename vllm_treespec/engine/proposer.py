@@ -131,14 +131,11 @@ class TreeProposer:
         so their rows in the token buffer are still readable.
         """
         req_ids = list(req_ids)
-        for req_id in req_ids:
-            self.requests.pop(req_id, None)
-            self._budget_given.pop(req_id, None)
-            self._reach_class.pop(req_id, None)
+        for table in self._request_tables():
+            for req_id in req_ids:
+                table.pop(req_id, None)
         if self.reach is not None:
             self.reach.release(req_ids)
-            self.trees.pop(req_id, None)
-            self.draft_probs.pop(req_id, None)
         observe = getattr(self.drafter, "observe_output", None)
         if observe is not None and runner is not None:
             batch = runner.input_batch
@@ -147,6 +144,22 @@ class TreeProposer:
                 if i is not None:
                     observe(batch.token_ids_cpu[i, batch.num_prompt_tokens[i]: batch.num_tokens_no_spec[i]])
         self.drafter.on_requests_finished(req_ids)
+
+    def _request_tables(self) -> tuple[dict[str, Any], ...]:
+        """Every table keyed by request id that this object holds; `on_requests_finished` frees
+        a request from all of them (and `tracked_requests` reports what is still held)."""
+        return (self.requests, self.trees, self.draft_probs, self._budget_given, self._reach_class)
+
+    def tracked_requests(self) -> dict[str, int]:
+        """How many requests each per-request table still holds, the drafter's included (a
+        leak check: after every request finished, every count is 0)."""
+        names = ("requests", "trees", "draft_probs", "budget_given", "reach_class")
+        counts = {n: len(t) for n, t in zip(names, self._request_tables())}
+        if self.reach is not None:
+            counts["reach"] = self.reach.tracked()
+        for name, n in self.drafter.tracked_requests().items():
+            counts[f"drafter.{name}"] = n
+        return counts
 
     @staticmethod
     def _cached(runner: Any, req_id: str) -> Any:

@@ -61,5 +61,8 @@ class DraftLM(Protocol):
     def release(self, req_ids: Iterable[str]) -> None:
         """Forget these requests' caches."""
 
+    def tracked_requests(self) -> int:
+        """Requests holding a cache slot (a leak check)."""
+
     def cached_tokens(self, req_id: str) -> int:
         """Committed tokens the request's cache holds (0 when it has no slot)."""

@@ -41,6 +41,10 @@ class SlotTable:
     def slot(self, req_id: str) -> int | None:
         return self._owner.get(req_id)
 
+    def num_owners(self) -> int:
+        """Requests holding a slot."""
+        return len(self._owner)
+
     def length(self, slot: int) -> int:
         """Committed tokens the slot's cache holds."""
         return int(self.consumed[slot].shape[0])
@@ -101,6 +105,10 @@ class SlotOwner:
     def release(self, req_ids: Iterable[str]) -> None:
         """Forget these requests' caches (unknown ids are ignored)."""
         self.slots.release(req_ids)
+
+    def tracked_requests(self) -> int:
+        """Requests holding a cache slot."""
+        return self.slots.num_owners()
 
     @property
     def evictions(self) -> int:
