@@ -34,12 +34,23 @@ import torch
 
 from vllm_treespec.schema import ConfigError
 
-__all__ = ["DraftLM", "DraftModelError"]
+__all__ = ["DraftLM", "DraftModelError", "DraftModelFileError", "DraftModelMismatchError"]
 
 
 class DraftModelError(ConfigError):
     """A draft model directory, architecture or memory bound that cannot be served (a config
     error: `vllm-treespec serve` and `config check` report it before vLLM starts)."""
+
+
+class DraftModelFileError(DraftModelError):
+    """The draft model directory itself is unusable: missing, no or unreadable config.json, no
+    weights, no tokenizer, an architecture no runtime serves. The fix is another directory, so a
+    dry run (vllm_treespec.preflight) reports it apart from a config mistake."""
+
+
+class DraftModelMismatchError(DraftModelError):
+    """A usable draft model made for another target: its tokenizer differs from the served
+    model's. The fix is a draft model of that target (or serving the one it was made for)."""
 
 
 class DraftLM(Protocol):

@@ -11,11 +11,12 @@ from typing import Any
 
 import torch
 
-from vllm_treespec.drafters.lm.base import DraftLM, DraftModelError
+from vllm_treespec.drafters.lm.base import DraftLM, DraftModelError, DraftModelFileError, DraftModelMismatchError
 from vllm_treespec.drafters.lm.mamba import SUPPORTED_ARCHITECTURES as MAMBA_ARCHITECTURES
 from vllm_treespec.drafters.lm.transformer import TRANSFORMER_ARCHITECTURES
 
-__all__ = ["DraftModelSpec", "DTYPES", "MAMBA_ARCHITECTURES", "resolve_model_dir", "check_draft_model", "load_draft_lm"]
+__all__ = ["DraftModelSpec", "DTYPES", "MAMBA_ARCHITECTURES", "resolve_model_dir", "check_draft_model",
+           "check_draft_tokenizer", "weight_files", "load_draft_lm"]
 
 # the drafter.dtype names of the config (draft models and heads; "auto" is resolved by each)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -48,32 +49,45 @@ def resolve_model_dir(path: str) -> Path:
     """A model directory, or `fixture:NAME` (built on first use, cached outside the repo)."""
     d = resolve_fixture(path)
     if not d.is_dir():
-        raise DraftModelError(f"drafter.path: {str(d)!r} is not a directory; point it at a local Hugging "
-                              "Face model directory (config.json, weights, tokenizer files)")
+        raise DraftModelFileError(f"drafter.path: {str(d)!r} is not a directory; point it at a local "
+                                  "Hugging Face model directory (config.json, weights, tokenizer files)")
     return d
 
 
 def _read_config(d: Path) -> dict[str, Any]:
     cfg = d / "config.json"
     if not cfg.is_file():
-        raise DraftModelError(f"drafter.path: {str(d)!r} has no config.json; it must be a Hugging Face "
-                              "model directory (save_pretrained output)")
+        raise DraftModelFileError(f"drafter.path: {str(d)!r} has no config.json; it must be a Hugging "
+                                  "Face model directory (save_pretrained output)")
     try:
-        return json.loads(cfg.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise DraftModelError(f"drafter.path: {cfg} cannot be read as JSON: {e}") from None
+        raw = json.loads(cfg.read_text())
+    except (OSError, ValueError) as e:   # ValueError: bad JSON or bytes that are no UTF-8 text
+        raise DraftModelFileError(f"drafter.path: {cfg} cannot be read as JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise DraftModelFileError(f"drafter.path: {cfg} is not a model config (a JSON object); copy the "
+                                  "model directory again")
+    return raw
+
+
+def weight_files(d: Path) -> list[Path]:
+    """The weight files a Hugging Face loader reads from `d`: *.safetensors, else
+    pytorch_model*.bin (what the size check counts and a dry run opens)."""
+    return sorted(d.glob("*.safetensors")) or sorted(d.glob("pytorch_model*.bin"))
 
 
 def _check_weights(d: Path) -> int:
     """Bytes of the weight files; an error when there are none."""
-    files = sorted(d.glob("*.safetensors")) or sorted(d.glob("pytorch_model*.bin"))
+    files = weight_files(d)
     if not files:
-        raise DraftModelError(f"drafter.path: {str(d)!r} has no weights (*.safetensors or "
-                              "pytorch_model*.bin); copy the full model directory")
+        raise DraftModelFileError(f"drafter.path: {str(d)!r} has no weights (*.safetensors or "
+                                  "pytorch_model*.bin); copy the full model directory")
     return sum(f.stat().st_size for f in files)
 
 
-def _check_tokenizer(d: Path, served_tokenizer: str | None) -> None:
+def check_draft_tokenizer(d: Path, served_tokenizer: str | Path | None) -> None:
+    """Raise unless the draft model in `d` has the served model's tokenizer (same fingerprint):
+    DraftModelFileError when `d` has no loadable tokenizer, DraftModelMismatchError when it
+    differs. No-op without a served tokenizer."""
     if served_tokenizer is None:
         return
     from vllm_treespec.ngram.fingerprint import short, tokenizer_fingerprint
@@ -81,13 +95,13 @@ def _check_tokenizer(d: Path, served_tokenizer: str | None) -> None:
     try:
         mine = tokenizer_fingerprint(d)
     except Exception as e:  # noqa: BLE001 - any loader failure means: no usable tokenizer
-        raise DraftModelError(f"drafter.path: no tokenizer could be loaded from {str(d)!r} ({e}); the "
-                              "draft model directory must contain the tokenizer it was trained with") from None
+        raise DraftModelFileError(f"drafter.path: no tokenizer could be loaded from {str(d)!r} ({e}); the "
+                                  "draft model directory must contain the tokenizer it was trained with") from None
     theirs = tokenizer_fingerprint(served_tokenizer)
     if mine != theirs:
-        raise DraftModelError(f"drafter.path: the draft model's tokenizer ({short(mine)}) differs from the "
-                              f"served model's ({short(theirs)}); a draft model must share the target's "
-                              "tokenizer (same vocabulary and special tokens)")
+        raise DraftModelMismatchError(f"drafter.path: the draft model's tokenizer ({short(mine)}) differs from "
+                                      f"the served model's ({short(theirs)}); a draft model must share the "
+                                      "target's tokenizer (same vocabulary and special tokens)")
 
 
 def check_draft_model(spec: DraftModelSpec, served_tokenizer: str | None) -> tuple[Path, str, int]:
@@ -98,10 +112,10 @@ def check_draft_model(spec: DraftModelSpec, served_tokenizer: str | None) -> tup
     arch = (raw.get("architectures") or ["<none>"])[0]
     supported = TRANSFORMER_ARCHITECTURES + MAMBA_ARCHITECTURES
     if arch not in supported:
-        raise DraftModelError(f"drafter.path: architecture {arch!r} (config.json) is not supported; "
-                              f"supported: {', '.join(supported)}")
+        raise DraftModelFileError(f"drafter.path: architecture {arch!r} (config.json) is not supported; "
+                                  f"supported: {', '.join(supported)}")
     weight_bytes = _check_weights(d)
-    _check_tokenizer(d, served_tokenizer)
+    check_draft_tokenizer(d, served_tokenizer)
     return d, arch, weight_bytes
 
 
