@@ -3,72 +3,99 @@
 vLLM's own `vllm:spec_decode_*` series already count trees right (drafted = nodes, accepted =
 path length). These add what only the worker knows: nodes per tree, accepted depth, drafter and
 verification time per step, the budget chosen, the reach caps, KV moves, and why requests decoded
-without drafts.
+without drafts. docs/metrics.md is the operator's reference for every series.
+
+Every series carries a `model_name` label with the served model name, the value vLLM puts on its
+own `vllm:*` series, so one PromQL selector (or a join on `model_name`) covers both.
 
 The worker is a separate process from the API server that serves `/metrics`; prometheus_client's
 multiprocess mode joins them: `vllm-treespec serve` sets `PROMETHEUS_MULTIPROC_DIR` before vLLM
 starts, vLLM's API server then reads every process's samples from that directory, and the
 workers (which inherit the variable) write theirs there. Without the variable (e.g. plain
-`vllm serve`, or the offline `LLM` API) nothing is exported; the same numbers stay available in
-the proposer's `TreeStats`. Only tensor-parallel rank 0 exports, so ranks are not double counted.
+`vllm serve`, or the offline `LLM` API) nothing is exported and `make_metrics` logs a warning
+naming the fix; the same numbers stay available in the proposer's `TreeStats`. Only
+tensor-parallel rank 0 exports (and warns), so ranks are not double counted.
 """
 from __future__ import annotations
 
 import os
 from typing import Any, Sequence
 
-__all__ = ["TreeMetrics", "MULTIPROC_ENV", "make_metrics"]
+__all__ = ["TreeMetrics", "MULTIPROC_ENV", "MODEL_LABEL", "UNEXPORTED_WARNING", "make_metrics",
+           "model_label_value"]
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+MODEL_LABEL = "model_name"            # vLLM's label name for the served model on vllm:* series
+UNKNOWN_MODEL = "unknown"             # label value when the config names no model (unit tests)
+UNEXPORTED_WARNING = (
+    "treespec_* metrics will not appear on /metrics: set PROMETHEUS_MULTIPROC_DIR to an empty "
+    "directory before starting `vllm serve`, or start the server with `vllm-treespec serve`, "
+    "which sets it (offline LLM runs have no /metrics and can ignore this)")
 _COUNT_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024)
 _SECONDS_BUCKETS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)
 
 
+def model_label_value(served_model_name: str | Sequence[str] | None) -> str:
+    """The `model_name` label value, chosen as vLLM chooses it for its own series: the served
+    model name, the first one when the server answers to several."""
+    if isinstance(served_model_name, (list, tuple)):
+        served_model_name = served_model_name[0] if served_model_name else None
+    return str(served_model_name) if served_model_name else UNKNOWN_MODEL
+
+
 class TreeMetrics:
-    """The treespec_* series (created once per worker process)."""
+    """The treespec_* series (created once per worker process), all labelled with the model."""
 
-    def __init__(self, registry: Any = None) -> None:
-        """registry: prometheus_client's default one (None), or another for tests."""
-        from functools import partial
-
+    def __init__(self, registry: Any = None, model_name: str = UNKNOWN_MODEL) -> None:
+        """registry: prometheus_client's default one (None), or another for tests. model_name:
+        the `model_name` label value (see `model_label_value`)."""
         import prometheus_client as prom
 
         reg = prom.REGISTRY if registry is None else registry
-        Counter = partial(prom.Counter, registry=reg)
-        Gauge = partial(prom.Gauge, registry=reg)
-        Histogram = partial(prom.Histogram, registry=reg)
+        self.model_name = model_name
 
-        self.nodes = Histogram("treespec_tree_nodes", "Draft nodes verified per tree (after scheduler cuts).",
-                               buckets=_COUNT_BUCKETS)
-        self.depth = Histogram("treespec_accepted_depth", "Accepted path length (draft tokens) per verified tree.",
-                               buckets=_COUNT_BUCKETS)
-        self.budget = Histogram("treespec_budget_nodes", "Node budget chosen per decoding request and step.",
-                                buckets=_COUNT_BUCKETS)
-        self.budget_chosen = Gauge("treespec_budget_chosen_nodes", "The budget policy's latest choice "
-                                   "(node budget per request; 0 = plain decoding) for the step's load.",
-                                   multiprocess_mode="mostrecent")
-        self.reach_cap = Gauge("treespec_reach_cap_nodes", "budget.reach_floor: the mean node cap of the "
+        def histogram(name: str, doc: str, buckets: Sequence[float]) -> Any:
+            return prom.Histogram(name, doc, [MODEL_LABEL], registry=reg,
+                                  buckets=buckets).labels(model_name)
+
+        def gauge(name: str, doc: str, labels: Sequence[str] = ()) -> Any:
+            # mostrecent: a gauge's value is the latest write of any worker process, not a sum
+            g = prom.Gauge(name, doc, [MODEL_LABEL, *labels], registry=reg, multiprocess_mode="mostrecent")
+            return g if labels else g.labels(model_name)
+
+        def counter(name: str, doc: str, labels: Sequence[str] = ()) -> Any:
+            c = prom.Counter(name, doc, [MODEL_LABEL, *labels], registry=reg)
+            return c if labels else c.labels(model_name)
+
+        self.nodes = histogram("treespec_tree_nodes", "Draft nodes verified per tree (after scheduler cuts).",
+                               _COUNT_BUCKETS)
+        self.depth = histogram("treespec_accepted_depth", "Accepted path length (draft tokens) per verified tree.",
+                               _COUNT_BUCKETS)
+        self.budget = histogram("treespec_budget_nodes", "Node budget chosen per decoding request and step.",
+                                _COUNT_BUCKETS)
+        self.budget_chosen = gauge("treespec_budget_chosen_nodes", "The budget policy's latest choice "
+                                   "(node budget per request; 0 = plain decoding) for the step's load.")
+        self.reach_cap = gauge("treespec_reach_cap_nodes", "budget.reach_floor: the mean node cap of the "
                                "live requests of each sampling class (greedy, sampled), learnt from "
-                               "their acceptance.", ["sampling"], multiprocess_mode="mostrecent")
-        self.draft_seconds = Histogram("treespec_draft_seconds", "Drafter + tree builder time per step.",
-                                       buckets=_SECONDS_BUCKETS)
-        self.verify_seconds = Histogram("treespec_verify_seconds",
-                                        "Tree acceptance + KV compaction time per step.",
-                                        buckets=_SECONDS_BUCKETS)
-        self.accept_seconds = Histogram("treespec_accept_seconds", "Tree acceptance time per step.",
-                                        buckets=_SECONDS_BUCKETS)
-        self.compaction_seconds = Histogram("treespec_compaction_seconds",
-                                            "KV compaction time per step (all layers).",
-                                            buckets=_SECONDS_BUCKETS)
-        self.attention_seconds = Histogram("treespec_tree_attention_seconds",
+                               "their acceptance.", ["sampling"])
+        self.draft_seconds = histogram("treespec_draft_seconds", "Drafter + tree builder time per step.",
+                                       _SECONDS_BUCKETS)
+        self.verify_seconds = histogram("treespec_verify_seconds",
+                                        "Tree acceptance + KV compaction time per step.", _SECONDS_BUCKETS)
+        self.accept_seconds = histogram("treespec_accept_seconds", "Tree acceptance time per step.",
+                                        _SECONDS_BUCKETS)
+        self.compaction_seconds = histogram("treespec_compaction_seconds",
+                                            "KV compaction time per step (all layers).", _SECONDS_BUCKETS)
+        self.attention_seconds = histogram("treespec_tree_attention_seconds",
                                            "Tree-masked attention time per step (all layers, on top of "
-                                           "the stock kernel).", buckets=_SECONDS_BUCKETS)
-        self.step_seconds = Histogram("treespec_worker_step_seconds",
+                                           "the stock kernel).", _SECONDS_BUCKETS)
+        self.step_seconds = histogram("treespec_worker_step_seconds",
                                       "Worker time per step: input preparation, forward, sampling "
-                                      "and drafting.", buckets=_SECONDS_BUCKETS)
-        self.kv_moves = Counter("treespec_kv_moves", "KV slots moved to compact accepted paths.")
-        self.fallbacks = Counter("treespec_fallback_steps", "Decoding steps without drafts because a "
+                                      "and drafting.", _SECONDS_BUCKETS)
+        self.kv_moves = counter("treespec_kv_moves", "KV slots moved to compact accepted paths.")
+        self.fallbacks = counter("treespec_fallback_steps", "Decoding steps without drafts because a "
                                  "request option cannot be verified on a tree.", ["reason"])
+
 
     def observe_draft(self, seconds: float, budgets: Sequence[int]) -> None:
         self.draft_seconds.observe(seconds)
@@ -80,7 +107,7 @@ class TreeMetrics:
 
     def observe_reach(self, caps: dict[str, float]) -> None:
         for sampling, nodes in caps.items():
-            self.reach_cap.labels(sampling=sampling).set(nodes)
+            self.reach_cap.labels(self.model_name, sampling).set(nodes)
 
     def observe_verify(self, seconds: float, nodes: Sequence[int], accepted: Sequence[int], moves: int,
                        parts: tuple[float, float, float]) -> None:
@@ -98,7 +125,7 @@ class TreeMetrics:
         self.step_seconds.observe(seconds)
 
     def observe_fallback(self, reason: str) -> None:
-        self.fallbacks.labels(reason=reason).inc()
+        self.fallbacks.labels(self.model_name, reason).inc()
 
 
 def _is_output_rank() -> bool:
@@ -110,8 +137,34 @@ def _is_output_rank() -> bool:
         return True
 
 
-def make_metrics() -> Any:
-    """TreeMetrics when this worker's samples can reach /metrics, else None."""
-    if not os.environ.get(MULTIPROC_ENV) or not _is_output_rank():
+def make_metrics(served_model_name: str | Sequence[str] | None = None) -> TreeMetrics | None:
+    """TreeMetrics labelled with the served model when this worker's samples can reach /metrics,
+    else None (after warning once per worker, on the exporting rank, that they will not)."""
+    if not _is_output_rank():
         return None
-    return TreeMetrics()
+    if not os.environ.get(MULTIPROC_ENV):
+        _warn_unexported()
+        return None
+    return TreeMetrics(model_name=model_label_value(served_model_name))
+
+
+def _worker_in_own_process() -> bool:
+    """True when this worker runs in a child process (vLLM's engine core, or a worker of its
+    multiprocess executor), as it always does behind `vllm serve`: samples then reach the API
+    server's /metrics only through prometheus_client's multiprocess directory."""
+    import multiprocessing
+
+    return multiprocessing.parent_process() is not None
+
+
+def _warn_unexported() -> None:
+    """Say why the treespec_* series are missing and how to get them, instead of letting them
+    vanish silently. A worker in the main process (the offline `LLM` API with
+    VLLM_ENABLE_V1_MULTIPROCESSING=0, unit tests) is never behind a server: INFO there."""
+    from vllm.logger import init_logger   # here: importing this module must not load vLLM
+
+    logger = init_logger(f"vllm.{__name__}")
+    if _worker_in_own_process():
+        logger.warning(UNEXPORTED_WARNING)
+    else:
+        logger.info(UNEXPORTED_WARNING)

@@ -90,7 +90,8 @@ class TreeProposer:
         self.requests: dict[str, RequestStats] = {}
         self.trees: dict[str, DraftTree] = {}
         self.draft_probs: dict[str, Any] = {}   # req id -> DraftProbs of its sampled tree (rrs)
-        self.stats = TreeStats(self.num_speculative_tokens, metrics=make_metrics())
+        self.stats = TreeStats(self.num_speculative_tokens, metrics=make_metrics(
+            getattr(vllm_config.model_config, "served_model_name", None)))   # vLLM's model_name label
         self._last_verified: tuple[TreeStep | None, np.ndarray] = (None, np.zeros((0, 1), dtype=np.int64))
         self.step_started_at: float | None = None   # set by the _prepare_inputs patch
         logger.info("TreeProposer: drafter=%s builder=%s budget=%d config=%s", self.drafter.name,

@@ -102,6 +102,9 @@ class TreeStats:
         self.reach_caps = dict(caps)
 
     def observe_fallback(self, reason: str) -> None:
+        """A decoding request got no drafts this step; reason: the request option that forbids
+        them (engine/eligibility.py). Counted on /metrics only: the proposer keeps per-request
+        counts itself."""
         if self.metrics is not None:
             self.metrics.observe_fallback(reason)
 

@@ -1,0 +1,166 @@
+"""The treespec_* Prometheus series (engine/metrics.py): every one carries vLLM's `model_name`
+label and is documented in docs/metrics.md; a worker that cannot export them says how to fix it;
+benchmark records name the hardware they ran on (report.py)."""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from vllm_treespec.engine import metrics as metrics_mod
+from vllm_treespec.engine.metrics import (MODEL_LABEL, MULTIPROC_ENV, UNEXPORTED_WARNING, TreeMetrics,
+                                          make_metrics, model_label_value)
+from vllm_treespec.engine.tree_stats import TreeStats
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
+
+
+def _fed_registry(model: str = "code-lm") -> CollectorRegistry:
+    """A private registry with every series observed once through TreeStats, as the proposer feeds it."""
+    registry = CollectorRegistry()
+    stats = TreeStats(8, metrics=TreeMetrics(registry, model_name=model))
+    stats.observe_budget_choice(6)
+    stats.observe_draft(0.002, [6, 4], [SimpleNamespace(num_draft=6), SimpleNamespace(num_draft=0)])
+    stats.observe_verify(0.003, [6], [2], moves=2, own=True, parts=(0.001, 0.0005, 0.0004))
+    stats.observe_step(0.02)
+    stats.observe_reach({"greedy": 8.0, "sampled": 3.5})
+    stats.observe_fallback("logprobs")
+    return registry
+
+
+def _treespec_families(registry: CollectorRegistry) -> dict[str, object]:
+    return {f.name: f for f in registry.collect() if f.name.startswith("treespec_")}
+
+
+def test_every_series_carries_the_model_name_label():
+    families = _treespec_families(_fed_registry("code-lm"))
+    assert len(families) == 13
+    for name, family in families.items():
+        samples = [s for s in family.samples if not s.name.endswith("_created")]
+        assert samples, f"{name} has no samples"
+        for s in samples:
+            assert s.labels.get(MODEL_LABEL) == "code-lm", (s.name, s.labels)
+
+
+def test_labelled_series_keep_their_own_labels():
+    registry = _fed_registry("m")
+    assert registry.get_sample_value("treespec_reach_cap_nodes",
+                                     {MODEL_LABEL: "m", "sampling": "sampled"}) == 3.5
+    assert registry.get_sample_value("treespec_fallback_steps_total",
+                                     {MODEL_LABEL: "m", "reason": "logprobs"}) == 1.0
+    assert registry.get_sample_value("treespec_accepted_depth_sum", {MODEL_LABEL: "m"}) == 2.0
+    assert registry.get_sample_value("treespec_kv_moves_total", {MODEL_LABEL: "m"}) == 2.0
+
+
+def test_every_series_is_documented():
+    """docs/metrics.md names each exposed series (counters with their _total suffix)."""
+    text = DOCS.read_text()
+    for name, family in _treespec_families(_fed_registry()).items():
+        exposed = name + "_total" if family.type == "counter" else name
+        assert re.search(rf"`{exposed}`", text), f"{exposed} is not in docs/metrics.md"
+
+
+@pytest.mark.parametrize("served, label", [("my-model", "my-model"), (["first", "alias"], "first"),
+                                            (None, "unknown"), ([], "unknown")])
+def test_model_label_is_vllms_served_name(served, label):
+    assert model_label_value(served) == label
+
+
+# -- the warning when the series cannot reach /metrics ----------------------------------------
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture()
+def metrics_log():
+    """Records of the metrics module's logger, caught on the logger itself: vLLM's loggers do
+    not propagate to the root logger that caplog watches."""
+    logger = logging.getLogger(f"vllm.{metrics_mod.__name__}")
+    handler, level = _Records(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def _records(log: _Records, level: int) -> list[str]:
+    return [r.getMessage() for r in log.records if r.levelno == level]
+
+
+def test_worker_process_without_multiproc_dir_warns_with_the_fix(monkeypatch, metrics_log):
+    monkeypatch.delenv(MULTIPROC_ENV, raising=False)
+    monkeypatch.setattr(metrics_mod, "_worker_in_own_process", lambda: True)
+    assert make_metrics("m") is None
+    assert _records(metrics_log, logging.WARNING) == [UNEXPORTED_WARNING]
+    assert "PROMETHEUS_MULTIPROC_DIR" in UNEXPORTED_WARNING and "vllm-treespec serve" in UNEXPORTED_WARNING
+
+
+def test_in_process_engine_gets_the_note_at_info_only(monkeypatch, metrics_log):
+    monkeypatch.delenv(MULTIPROC_ENV, raising=False)
+    monkeypatch.setattr(metrics_mod, "_worker_in_own_process", lambda: False)
+    assert make_metrics("m") is None
+    assert _records(metrics_log, logging.WARNING) == []
+    assert _records(metrics_log, logging.INFO) == [UNEXPORTED_WARNING]
+
+
+def test_multiproc_dir_set_exports_without_warning(monkeypatch, metrics_log, tmp_path):
+    import prometheus_client
+
+    monkeypatch.setenv(MULTIPROC_ENV, str(tmp_path))
+    monkeypatch.setattr(metrics_mod, "_worker_in_own_process", lambda: True)
+    monkeypatch.setattr(prometheus_client, "REGISTRY", CollectorRegistry())   # the default one, fresh
+    m = make_metrics(["served", "alias"])
+    assert isinstance(m, TreeMetrics) and m.model_name == "served"
+    assert _records(metrics_log, logging.WARNING) == [] and _records(metrics_log, logging.INFO) == []
+
+
+def test_non_output_rank_neither_exports_nor_warns(monkeypatch, metrics_log):
+    monkeypatch.delenv(MULTIPROC_ENV, raising=False)
+    monkeypatch.setattr(metrics_mod, "_is_output_rank", lambda: False)
+    monkeypatch.setattr(metrics_mod, "_worker_in_own_process", lambda: True)
+    assert make_metrics("m") is None
+    assert metrics_log.records == []
+
+
+def _report_own_process(queue) -> None:
+    queue.put(metrics_mod._worker_in_own_process())
+
+
+def test_worker_in_own_process_tells_a_child_from_the_main_process():
+    assert metrics_mod._worker_in_own_process() is False    # pytest: the main process
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_report_own_process, args=(queue,))
+    child.start()
+    child.join(60)
+    assert queue.get(timeout=5) is True
+
+
+def test_proposer_labels_its_series_with_the_served_model(monkeypatch, tmp_path):
+    import prometheus_client
+
+    from test_proposer import _vllm_config
+    from vllm_treespec.engine.proposer import TreeProposer
+
+    monkeypatch.setenv(MULTIPROC_ENV, str(tmp_path))
+    registry = CollectorRegistry()
+    monkeypatch.setattr(prometheus_client, "REGISTRY", registry)
+    cfg = _vllm_config(k=4)
+    cfg.model_config.served_model_name = "served-lm"
+    assert TreeProposer(cfg).stats.metrics.model_name == "served-lm"
+    assert registry.get_sample_value("treespec_tree_nodes_count", {MODEL_LABEL: "served-lm"}) == 0.0
+    monkeypatch.setattr(prometheus_client, "REGISTRY", CollectorRegistry())
+    assert TreeProposer(_vllm_config(k=4)).stats.metrics.model_name == "unknown"   # no name in config
+
