@@ -164,3 +164,69 @@ def test_proposer_labels_its_series_with_the_served_model(monkeypatch, tmp_path)
     monkeypatch.setattr(prometheus_client, "REGISTRY", CollectorRegistry())
     assert TreeProposer(_vllm_config(k=4)).stats.metrics.model_name == "unknown"   # no name in config
 
+
+# -- benchmark records: where they were measured ------------------------------------------------
+
+def test_hardware_info_on_this_cpu_host_says_cpu_only_and_names_the_cpu():
+    import torch
+
+    from vllm_treespec.report import cpu_model, hardware_info, hardware_line
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU host")
+    hw = hardware_info()
+    assert hw["gpu_count"] == 0 and hw["gpus"] == [] and hw["accelerator"] == "CPU only"
+    assert hw["cpu_model"] == cpu_model() and hw["cpu_model"]
+    assert hw["cpu_cores"] >= 1 and hw["usable_cores"] >= 1 and hw["mem_gib"] > 0
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists() and "model name" in cpuinfo.read_text():
+        assert hw["cpu_model"] in cpuinfo.read_text()
+    assert hardware_line(hw).endswith("; CPU only")
+
+
+def test_gpu_summary_counts_identical_devices():
+    from vllm_treespec.report import _gpu_summary
+
+    h100 = {"name": "NVIDIA H100 80GB HBM3", "mem_gib": 79.2}
+    s = _gpu_summary([h100, h100])
+    assert s["gpu_count"] == 2 and s["accelerator"] == "2x NVIDIA H100 80GB HBM3 (79.2 GiB)"
+
+
+def test_gpu_probe_runs_in_a_child_process(monkeypatch):
+    """A CUDA build of torch is asked in a child (real probe here: a CPU host reports none)."""
+    import torch
+
+    from vllm_treespec import report
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU host")
+    monkeypatch.setattr(torch.version, "cuda", "12.8")      # as a CUDA wheel on a host without GPUs
+    assert report.gpu_info() == {"gpu_count": 0, "gpus": [], "accelerator": "CPU only"}
+    assert not torch.cuda.is_initialized()
+
+
+def test_gpu_probe_output_and_failure(monkeypatch):
+    import subprocess
+
+    import torch
+
+    from vllm_treespec import report
+
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    probed = '[{"name": "NVIDIA H200", "mem_gib": 139.8}]'
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: SimpleNamespace(stdout=probed + "\n"))
+    assert report.gpu_info() == {"gpu_count": 1, "gpus": [{"name": "NVIDIA H200", "mem_gib": 139.8}],
+                                 "accelerator": "1x NVIDIA H200 (139.8 GiB)"}
+
+    def fail(*a, **k):
+        raise subprocess.CalledProcessError(1, "python")
+    monkeypatch.setattr(subprocess, "run", fail)
+    info = report.gpu_info()
+    assert info["gpu_count"] is None and info["accelerator"].startswith("GPU unknown")
+
+
+def test_hardware_line_of_an_old_record_does_not_guess_the_gpu():
+    from vllm_treespec.report import hardware_line
+
+    old = {"cpu_model": "Xeon", "usable_cores": 2, "cpu_cores": 2, "mem_gib": 16.0}
+    assert hardware_line(old).endswith("; GPU not recorded")

@@ -5,6 +5,7 @@ line and table layout, and every JSON record carries the same provenance (DESIGN
 """
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -26,8 +27,51 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+_GPU_PROBE = """
+import json, torch
+n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+props = [torch.cuda.get_device_properties(i) for i in range(n)]
+print(json.dumps([{"name": p.name, "mem_gib": round(p.total_memory / 2**30, 1)} for p in props]))
+"""
+
+
+def gpu_info() -> dict[str, Any]:
+    """GPUs torch can use here: `gpu_count`, `gpus` (name and memory of each) and `accelerator`,
+    a one-line summary ("CPU only" without one).
+
+    The devices are read in a child Python process: asking torch for a device's name or memory
+    initializes CUDA, and a benchmark that later starts vLLM in this process needs CUDA
+    untouched so vLLM can fork its workers. A torch built without CUDA/ROCm needs no probe.
+    """
+    try:
+        import torch
+    except ImportError:
+        return _gpu_summary([])
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        return _gpu_summary([])
+    try:
+        out = subprocess.run([sys.executable, "-c", _GPU_PROBE], capture_output=True, text=True,
+                             timeout=120, check=True).stdout
+        return _gpu_summary(json.loads(out.strip().splitlines()[-1]))
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as e:
+        return {"gpu_count": None, "gpus": [], "accelerator": f"GPU unknown (probe failed: {type(e).__name__})"}
+
+
+def _gpu_summary(gpus: list[dict[str, Any]]) -> dict[str, Any]:
+    """The record's GPU keys from the probed devices; identical devices are counted, not listed."""
+    if not gpus:
+        return {"gpu_count": 0, "gpus": [], "accelerator": "CPU only"}
+    kinds: dict[str, int] = {}
+    for g in gpus:
+        label = f"{g['name']} ({g['mem_gib']} GiB)"
+        kinds[label] = kinds.get(label, 0) + 1
+    return {"gpu_count": len(gpus), "gpus": gpus,
+            "accelerator": ", ".join(f"{n}x {label}" for label, n in kinds.items())}
+
+
 def hardware_info() -> dict[str, Any]:
-    """CPU model, cores (online and usable by this process), memory and current load."""
+    """CPU model, cores (online and usable by this process), memory, current load and GPUs
+    (`gpu_info`): what a results record needs to say where it was measured."""
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:
@@ -44,15 +88,18 @@ def hardware_info() -> dict[str, Any]:
     except OSError:
         load = None
     return {"cpu_model": cpu_model(), "cpu_cores": os.cpu_count(), "usable_cores": usable,
-            "mem_gib": mem_gib, "loadavg_1_5_15": load, "platform": platform.platform()}
+            "mem_gib": mem_gib, "loadavg_1_5_15": load, "platform": platform.platform(), **gpu_info()}
 
 
 def hardware_line(hw: Mapping[str, Any] | None = None) -> str:
+    """One line for logs and plot titles. Records written before GPUs were detected have no
+    `accelerator` key and say so rather than guess."""
     hw = hw or hardware_info()
     load = hw.get("loadavg_1_5_15")
     load_s = f", load avg {load[0]:.2f}" if load else ""
     return (f"hardware: {hw['cpu_model']}, {hw['usable_cores']} cores usable "
-            f"({hw['cpu_cores']} online), {hw['mem_gib']} GiB{load_s}; no GPU")
+            f"({hw['cpu_cores']} online), {hw['mem_gib']} GiB{load_s}; "
+            f"{hw.get('accelerator', 'GPU not recorded')}")
 
 
 def git_commit(repo: Path = REPO_ROOT) -> str | None:
