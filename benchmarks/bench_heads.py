@@ -50,9 +50,9 @@ def configs_for(ns) -> tuple[list, list[str]]:
     from vllm_treespec.comparison import no_spec, treespec, vllm_ngram
 
     ngram = [vllm_ngram(k) for k in ns.ngram_k]
-    out = [no_spec(), *ngram, treespec(8, "lookup-trie-tree")]
+    out = [no_spec(), *ngram, treespec(8, "demo/lookup-trie-tree")]
     if not ns.no_draft_model:
-        out.append(treespec(16, "draft-model"))
+        out.append(treespec(16, "demo/draft-model"))
     for dtype in ns.head_dtypes:
         out += _head_rows(ns, dtype)
     return out, [c.name for c in ngram]

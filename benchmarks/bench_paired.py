@@ -9,10 +9,10 @@ other blocks on its pipe). Each prompt is timed in both, so drift hits both side
 and the ratio of summed times is the paired speedup. Greedy outputs are compared pair by pair.
 
     .venv/bin/python benchmarks/bench_paired.py                      # vLLM ngram K=12 vs lookup-trie K=16
-    .venv/bin/python benchmarks/bench_paired.py --a ngram:16 --b lookup-trie-tree:8 --passes 3
+    .venv/bin/python benchmarks/bench_paired.py --a ngram:16 --b demo/lookup-trie-tree:8 --passes 3
     .venv/bin/python benchmarks/bench_paired.py --a vllm-draft:4 \
         --b '{"drafter": {"type": "draft_model", "path": "fixture:draft-lm"}, "tree": {"builder": "chain", "max_depth": 4}}:4'
-    .venv/bin/python benchmarks/bench_paired.py --b '{"drafter": {"type": "lookup_trie"}}:16'
+    .venv/bin/python benchmarks/bench_paired.py --b '{"drafter": {"type": "lookup_trie", "path": "fixture:stdlib-3gram"}}:16'
 
 A config is `off`, `ngram:K` (vLLM's ngram, n-gram range 1..4), `vllm-draft:K` (vLLM's own
 linear `draft_model` method with the draft-LM fixture) or `TREESPEC:K`, TREESPEC being
@@ -26,7 +26,7 @@ also binned by their query rows (what each extra verified row costs). Writes a J
 With --temperature T > 0 every request samples (seeded per prompt and pass, the same seeds on
 both sides). Speculation keeps the target's distribution, not its random stream, so outputs are
 not compared pair by pair then; `tests/test_e2e_tree_sampling.py` tests the distribution.
-    .venv/bin/python benchmarks/bench_paired.py --a off --b lookup-trie-distilled:32 --temperature 0.7
+    .venv/bin/python benchmarks/bench_paired.py --a off --b demo/lookup-trie-distilled:32 --temperature 0.7
 """
 from __future__ import annotations
 
@@ -148,7 +148,7 @@ def _receive(side: tuple[Any, Any, str]) -> Any:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--a", default="ngram:12", help="reference config (default: vLLM ngram K=12)")
-    p.add_argument("--b", default='{"drafter": {"type": "lookup_trie", "min_path_prob": 0.01}, '
+    p.add_argument("--b", default='{"drafter": {"type": "lookup_trie", "path": "fixture:stdlib-3gram", "min_path_prob": 0.01}, '
                                   '"tree": {"builder": "chain", "max_depth": 16}}:16',
                    help="compared config (default: lookup-trie chain, floor 0.01, K=16)")
     p.add_argument("--fixture", default="code-lm")

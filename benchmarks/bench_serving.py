@@ -83,20 +83,20 @@ def resolve_model(ns: argparse.Namespace) -> tuple[str, Path, dict]:
 TREE_FAMILIES = {   # --tree-configs name -> (preset or inline config, label)
     "prompt-lookup": ("prompt-lookup", None),
     "prompt-lookup-tree": ("prompt-lookup-tree", None),
-    "lookup-trie": ("lookup-trie", None),
-    "lookup-trie-tree": ("lookup-trie-tree", None),
-    "lookup-trie-deep": ("lookup-trie-deep", None),
+    "lookup-trie": ("demo/lookup-trie", None),
+    "lookup-trie-tree": ("demo/lookup-trie-tree", None),
+    "lookup-trie-deep": ("demo/lookup-trie-deep", None),
     # over the self-distilled trie (fixture:code-lm-distill-5gram: code-lm only; not in the
     # default set, name it in --tree-configs)
-    "lookup-trie-distilled": ("lookup-trie-distilled", None),
+    "lookup-trie-distilled": ("demo/lookup-trie-distilled", None),
     # lookup-trie with drafter.min_path_prob: no node whose path the drafter rates below it
     "lookup-trie-floor": ({"drafter": {"type": "lookup_trie", "min_path_prob": 0.01},
                            "tree": {"builder": "chain", "max_depth": 16}}, "lookup-trie-p0.01"),
     "lookup-trie-tree-floor": ({"drafter": {"type": "lookup_trie", "min_path_prob": 0.03},
                                 "tree": {"builder": "best_first", "max_depth": 16}}, "lookup-trie-tree-p0.03"),
-    "ngram-trie": ("ngram-trie", None),
-    "ngram-trie-tree": ("ngram-trie-tree", None),
-    "ngram-trie-beam-dart": ({"drafter": {"type": "ngram_trie"},
+    "ngram-trie": ("demo/ngram-trie", None),
+    "ngram-trie-tree": ("demo/ngram-trie-tree", None),
+    "ngram-trie-beam-dart": ({"drafter": {"type": "ngram_trie", "path": "fixture:stdlib-3gram"},
                               "tree": {"builder": "beam", "topk": 4, "width": 4, "max_depth": 8,
                                        "scorer": "dart"}}, "ngram-trie-beam-dart"),
 }

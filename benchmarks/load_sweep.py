@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 LOCUSTFILE = HERE / "locustfile.py"
 CHAT_TEMPLATE = HERE / "chat_template.jinja"
-DRAFTER = "lookup-trie-tree"      # the best treespec drafter on the code-LM fixture at 1 client
+DRAFTER = "demo/lookup-trie-tree"     # the best treespec drafter on the code-LM fixture at 1 client
 
 
 def configs(num_spec: int) -> dict[str, tuple[str, ...]]:

@@ -1,13 +1,13 @@
 """Where a speculative step's time goes: cProfile of an offline `LLM` run (engine in-process) on
 the code-LM fixture, 16 held-out prompts x 128 tokens at concurrency 1, greedy.
 
-    .venv/bin/python benchmarks/profile_offline.py lookup-trie-tree 8            # treespec preset, K
+    .venv/bin/python benchmarks/profile_offline.py demo/lookup-trie-tree 8            # treespec preset, K
     .venv/bin/python benchmarks/profile_offline.py ngram 16                      # vLLM's ngram, K
     .venv/bin/python benchmarks/profile_offline.py off
     .venv/bin/python benchmarks/profile_offline.py prompt-lookup-tree 16 --no-profile   # 3 timed passes
-    .venv/bin/python benchmarks/profile_offline.py lookup-trie-tree 8 --dump /tmp/ltt8.prof  # keep the stats
-    .venv/bin/python benchmarks/profile_offline.py '{"drafter": {"type": "lookup_trie"}}' 16   # inline config
-    .venv/bin/python benchmarks/profile_offline.py lookup-trie-distilled 32 --temperature 0.7  # sampled, seeded
+    .venv/bin/python benchmarks/profile_offline.py demo/lookup-trie-tree 8 --dump /tmp/ltt8.prof  # keep the stats
+    .venv/bin/python benchmarks/profile_offline.py '{"drafter": {"type": "lookup_trie", "path": "fixture:stdlib-3gram"}}' 16   # inline config
+    .venv/bin/python benchmarks/profile_offline.py demo/lookup-trie-distilled 32 --temperature 0.7  # sampled, seeded
 
 Prints tokens/s and the treespec / model functions by cumulative time (ms per engine step is
 cumulative / steps); with --no-profile, tokens/s and process CPU seconds of 3 passes.

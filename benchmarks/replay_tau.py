@@ -10,8 +10,8 @@ serving run at concurrency 1 up to the scheduler's cuts near max_model_len (none
 `bench_serving.py` remains the measurement of record for tokens/s.
 
     .venv/bin/python benchmarks/replay_tau.py                       # chains vs trees, budgets 8/16/32/64
-    .venv/bin/python benchmarks/replay_tau.py --budgets 16 --configs ngram-trie ngram-trie-tree
-    .venv/bin/python benchmarks/replay_tau.py --config-json '{"drafter": {"type": "ngram_trie"}, "tree": {"builder": "beam"}}'
+    .venv/bin/python benchmarks/replay_tau.py --budgets 16 --configs demo/ngram-trie demo/ngram-trie-tree
+    .venv/bin/python benchmarks/replay_tau.py --config-json '{"drafter": {"type": "ngram_trie", "path": "fixture:stdlib-3gram"}, "tree": {"builder": "beam"}}'
 
 tau here = 1 + accepted / steps-with-a-draft (the serving benchmark's definition); also printed:
 tokens per step over all steps, and drafting time per step (drafter + builder, one thread).
@@ -37,10 +37,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-DEFAULT_CONFIGS = ("prompt-lookup", "prompt-lookup-tree", "ngram-trie", "ngram-trie-tree",
+DEFAULT_CONFIGS = ("prompt-lookup", "prompt-lookup-tree", "demo/ngram-trie", "demo/ngram-trie-tree",
                    "ngram-trie-beam-dart")
 INLINE = {
-    "ngram-trie-beam-dart": {"drafter": {"type": "ngram_trie"},
+    "ngram-trie-beam-dart": {"drafter": {"type": "ngram_trie", "path": "fixture:stdlib-3gram"},
                              "tree": {"builder": "beam", "topk": 4, "width": 4, "max_depth": 8,
                                       "scorer": "dart"}},
     # DART head (fixture:dart-head): tree builders with and without the n-gram signal

@@ -8,7 +8,7 @@ from vllm_treespec.budget import (AutoBudget, BudgetChoice, CostModel, FixedBudg
 from vllm_treespec.config import CONFIGS_DIR, ConfigError, config_reference, load_config
 
 OK = {"type": "prompt_lookup"}
-TRIE = {"type": "ngram_trie"}
+TRIE = {"type": "ngram_trie", "path": "fixture:stdlib-3gram"}
 
 
 def table(*rules: tuple) -> list[TableRule]:

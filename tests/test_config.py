@@ -5,21 +5,63 @@ import pytest
 
 from vllm_treespec.config import (CONFIGS_DIR, ConfigError, config_reference, from_additional_config,
                                   from_engine_args, load_config, resolve_path)
+from vllm_treespec.presets import demo_presets, drafter_presets
 
 OK = {"drafter": {"type": "prompt_lookup"}}
 DM = {"type": "draft_model", "path": "fixture:draft-lm"}
 
 
 def test_shipped_preset_is_valid():
-    cfg = load_config("configs/drafters/prompt-lookup.yaml", 8)
+    cfg = load_config(str(CONFIGS_DIR / "drafters" / "prompt-lookup.yaml"), 8)
     assert cfg.drafter.type == "prompt_lookup"
     assert cfg.node_budget(8) == 8
     assert load_config("prompt-lookup", 8) == cfg  # preset name resolves to the same file
 
 
-@pytest.mark.parametrize("preset", sorted(p.stem for p in (CONFIGS_DIR / "drafters").glob("*.yaml")))
-def test_every_drafter_preset_is_valid(preset):
-    assert load_config(preset, 64).source.endswith(f"{preset}.yaml")
+FILE_FREE = ("prompt-lookup", "prompt-lookup-tree")      # production presets that need no file
+
+
+@pytest.mark.parametrize("preset", drafter_presets())
+def test_production_presets_name_no_fixture_and_say_what_file_they_need(preset):
+    """A production preset runs blind (model-free) or fails at once naming the key and the
+    command that makes the file; none points at a test fixture."""
+    text = (CONFIGS_DIR / "drafters" / f"{preset}.yaml").read_text()
+    assert "fixture:" not in "\n".join(l.split("#")[0] for l in text.splitlines())
+    if preset in FILE_FREE:
+        assert load_config(preset, 64).source.endswith(f"{preset}.yaml")
+        return
+    with pytest.raises(ConfigError) as e:
+        load_config(preset, 64)
+    msg = str(e.value)
+    assert "drafter.path: required key is missing" in msg and "needs" in msg
+    assert f'"preset": "{preset}"' in msg                  # how to give it the file
+
+
+@pytest.mark.parametrize("preset", demo_presets())
+def test_every_demo_preset_extends_its_production_preset(preset):
+    cfg = load_config(preset, 64)
+    base = preset.split("/", 1)[1]
+    assert cfg.source.endswith(f"(preset {CONFIGS_DIR / 'drafters' / base}.yaml)")
+    assert cfg.drafter.path.startswith("fixture:")
+
+
+def test_preset_key_merges_overrides_over_a_preset(tmp_path):
+    cfg = load_config({"preset": "lookup-trie", "drafter": {"path": "/data/code.trie", "k": 2},
+                       "budget": {"max_nodes": 4}}, 16)
+    base = load_config("demo/lookup-trie", 16)
+    assert (cfg.drafter.path, cfg.drafter.k, cfg.drafter.max_matches) == ("/data/code.trie", 2, base.drafter.max_matches)
+    assert cfg.tree == base.tree and cfg.budget.max_nodes == 4
+    chained = tmp_path / "mine.yaml"
+    chained.write_text("preset: demo/lookup-trie\ntree: {max_depth: 4}\n")
+    assert load_config(str(chained), 16).tree.max_depth == 4
+    loop = tmp_path / "loop.yaml"
+    loop.write_text(f"preset: {loop}\n")
+    with pytest.raises(ConfigError, match="is its own base"):
+        load_config(str(loop), 16)
+    with pytest.raises(ConfigError, match=r"'lookup-tri' not found \(did you mean 'lookup-trie'\?\)"):
+        load_config({"preset": "lookup-tri"}, 16)
+    with pytest.raises(ConfigError, match=r"drafter.k: .*out of range"):
+        load_config({"preset": "demo/lookup-trie", "drafter": {"k": 0}}, 16)
 
 
 def test_missing_treespec_entry_uses_default_preset():
@@ -52,16 +94,16 @@ def test_inline_mapping_and_budget():
     ({"drafter": {"type": "prompt_lookup", "min_ngram": True}}, ["drafter.min_ngram", "integer"]),
     ({**OK, "tree": {"builder": "beam"}}, ["tree.builder", "'beam'", "'chain'"]),
     ({**OK, "tree": {"builder": "best_first", "topk": 4}}, ["prompt_lookup", "max_depth"]),
-    ({"drafter": {"type": "ngram_trie"}, "tree": {"builder": "beam", "tau": 0.1}},
+    ({"drafter": {"type": "ngram_trie", "path": "fixture:stdlib-3gram"}, "tree": {"builder": "beam", "tau": 0.1}},
      ["tree.tau", "not used by builder 'beam'"]),
-    ({"drafter": {"type": "ngram_trie"}, "tree": {"builder": "threshold", "tau": 2.0}},
+    ({"drafter": {"type": "ngram_trie", "path": "fixture:stdlib-3gram"}, "tree": {"builder": "threshold", "tau": 2.0}},
      ["tree", "'tau'", "(0.0, 1.0]"]),
-    ({"drafter": {"type": "ngram_trie"}, "tree": {"builder": "best_first", "scorer": "presto",
+    ({"drafter": {"type": "ngram_trie", "path": "fixture:stdlib-3gram"}, "tree": {"builder": "best_first", "scorer": "presto",
                                                   "weights": {"beta": 1.0}}},
      ["tree.weights.beta", "scorer 'presto'", "lam"]),
-    ({"drafter": {"type": "ngram_trie"}, "tree": {"builder": "threshold", "scorer": "dart"}},
+    ({"drafter": {"type": "ngram_trie", "path": "fixture:stdlib-3gram"}, "tree": {"builder": "threshold", "scorer": "dart"}},
      ["tree.scorer", "best_first or beam"]),
-    ({"drafter": {"type": "ngram_trie"}, "tree": {"builder": "static", "template": [4, 0]}},
+    ({"drafter": {"type": "ngram_trie", "path": "fixture:stdlib-3gram"}, "tree": {"builder": "static", "template": [4, 0]}},
      ["tree", "template"]),
     ({"drafter": {"type": "prompt_lookup", "max_matches": 0}}, ["drafter.max_matches", "out of range"]),
     ({"drafter": {"type": "prompt_lookup", "continue_prob": 0.0}},
@@ -73,7 +115,7 @@ def test_inline_mapping_and_budget():
     ({**OK, "budgets": {}}, ["budgets", "unknown key", "budget"]),
     ({"tree": {}}, ["drafter", "required"]),
     ({"drafter": "prompt_lookup"}, ["drafter", "type"]),
-    ([1, 2], ["a YAML path or a mapping"]),
+    ([1, 2], ["a YAML path, a preset name or a mapping"]),
     ({"drafter": {"type": "draft_model"}}, ["drafter.path", "required"]),
     ({"drafter": {**DM, "dtype": "fp8"}}, ["drafter.dtype", "'fp8'", "'bfloat16'"]),
     ({"drafter": {**DM, "memory_mb": 0}}, ["drafter.memory_mb", "out of range"]),
@@ -92,7 +134,7 @@ def test_inline_mapping_and_budget():
     ({"drafter": DM, "tree": {"builder": "beam"}}, ["tree.builder", "'beam'", "draft_model"]),
     ({"drafter": DM, "tree": {"builder": "best_first", "prefetch": 0}}, ["tree.prefetch", "out of range"]),
     ({"drafter": DM, "tree": {"builder": "threshold", "prefetch": 2}}, ["tree.prefetch", "not used by builder"]),
-    ({"drafter": {"type": "ngram_trie"}, "tree": {"builder": "best_first", "prefetch": 2}},
+    ({"drafter": {"type": "ngram_trie", "path": "fixture:stdlib-3gram"}, "tree": {"builder": "best_first", "prefetch": 2}},
      ["tree.prefetch", "only draft_model", "remove tree.prefetch"]),
     ({"drafter": DM, "tree": {"builder": "best_first", "scorer": "presto"}},
      ["tree.scorer", "draft_model", "remove tree.scorer"]),
@@ -112,9 +154,9 @@ def assert_config_error(raw, needles) -> None:
 
 @pytest.mark.parametrize("raw, needles", [
     ({"drafter": {"type": "lookup_tree"}}, ["drafter.type", "(did you mean 'lookup_trie'?)"]),
-    ({"drafter": {"type": "ngram_trie"}, "tree": {"builder": "treshold"}},
+    ({"drafter": {"type": "ngram_trie", "path": "fixture:stdlib-3gram"}, "tree": {"builder": "treshold"}},
      ["tree.builder", "(did you mean 'threshold'?)"]),
-    ({"drafter": {"type": "ngram_trie"}, "tree": {"builder": "beam", "beam_width": 4, "tpyo": 1}},
+    ({"drafter": {"type": "ngram_trie", "path": "fixture:stdlib-3gram"}, "tree": {"builder": "beam", "beam_width": 4, "tpyo": 1}},
      ["tree.beam_width: unknown key (did you mean 'width'?)", "tree.tpyo: unknown key;", "allowed keys in tree"]),
     ({"drafter": {**DM, "draft_sampling": "sampled"}}, ["drafter.draft_sampling", "(did you mean 'sample'?)"]),
 ])
@@ -132,7 +174,7 @@ def test_every_bad_key_is_named_at_once():
 
 def test_no_suggestion_without_a_close_name():
     with pytest.raises(ConfigError) as e:
-        load_config({"drafter": {"type": "ngram_trie"}, "tree": {"builder": "zzz"}}, 8)
+        load_config({"drafter": {"type": "ngram_trie", "path": "fixture:stdlib-3gram"}, "tree": {"builder": "zzz"}}, 8)
     assert "did you mean" not in str(e.value)
     with pytest.raises(ConfigError, match=r"'lookup-trie-distiled' not found \(did you mean 'lookup-trie-distilled'\?\)"):
         load_config("lookup-trie-distiled", 8)
@@ -174,10 +216,10 @@ def test_resolve_path_prefers_existing_file(tmp_path):
 
 
 def test_tree_section_gives_builder_params():
-    cfg = load_config({"drafter": {"type": "ngram_trie"},
+    cfg = load_config({"drafter": {"type": "ngram_trie", "path": "fixture:stdlib-3gram"},
                        "tree": {"builder": "beam", "width": 4, "topk": 8, "scorer": "dart",
                                 "weights": {"ngram_weight": 0.3}}}, 16)
     assert cfg.tree.builder_params() == {"topk": 8, "width": 4, "scorer": "dart",
                                          "scorer_params": {"ngram_weight": 0.3}}
-    for preset in ("prompt-lookup-tree", "ngram-trie-tree"):
+    for preset in ("prompt-lookup-tree", "demo/ngram-trie-tree"):
         assert load_config(preset, 16).tree.builder == "best_first"

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e
 K = 8
 ENGINE = dict(dtype="float32", enforce_eager=True, max_model_len=1024, max_num_seqs=8, seed=0)
 SPEC = dict(speculative_config=spec_config(K), additional_config={"treespec": "prompt-lookup"})
-NGRAM_SPEC = dict(speculative_config=spec_config(K), additional_config={"treespec": "ngram-trie"})
+NGRAM_SPEC = dict(speculative_config=spec_config(K), additional_config={"treespec": "demo/ngram-trie"})
 # 20 blocks of 32 tokens for up to 8 requests of ~150 + 128 tokens: the scheduler must preempt.
 TINY_KV = dict(dtype="float32", enforce_eager=True, max_model_len=512, max_num_seqs=8, seed=0,
                block_size=32, num_gpu_blocks_override=20)

@@ -28,9 +28,9 @@ ENGINE = dict(dtype="float32", enforce_eager=True, max_model_len=MAX_LEN, max_nu
               block_size=32, enable_prefix_caching=True, enable_chunked_prefill=True,
               max_num_batched_tokens=256)
 LOOKUP_TREE = {"drafter": {"type": "prompt_lookup", "max_matches": 8}, "tree": {"builder": "best_first"}}
-NGRAM_TREE = {"drafter": {"type": "ngram_trie", "k": 4},
+NGRAM_TREE = {"drafter": {"type": "ngram_trie", "path": "fixture:stdlib-3gram", "k": 4},
               "tree": {"builder": "best_first", "topk": 4, "max_depth": 6}}
-LOOKUP_TRIE_TREE = {"drafter": {"type": "lookup_trie"}, "tree": {"builder": "best_first", "max_depth": 8}}
+LOOKUP_TRIE_TREE = {"drafter": {"type": "lookup_trie", "path": "fixture:stdlib-3gram"}, "tree": {"builder": "best_first", "max_depth": 8}}
 TREES = {  # name -> (num_speculative_tokens = most nodes per tree, deployment config)
     "lookup-16": (16, LOOKUP_TREE),
     "lookup-64": (64, LOOKUP_TREE),

@@ -33,18 +33,18 @@ def builds(monkeypatch):
 
 
 def test_config_fixtures_lists_every_fixture_key():
-    assert config_fixtures(load_config("dart", None)) == [("drafter.path", "dart-head"),
+    assert config_fixtures(load_config("demo/dart", None)) == [("drafter.path", "dart-head"),
                                                           ("drafter.ngram", "stdlib-3gram")]
-    assert config_fixtures(load_config("mamba", None)) == [("drafter.path", "mamba-draft-lm")]
+    assert config_fixtures(load_config("demo/mamba", None)) == [("drafter.path", "mamba-draft-lm")]
     assert config_fixtures(load_config({"drafter": {"type": "draft_model", "path": "/models/d"}}, None)) == []
     assert config_fixtures(load_config("prompt-lookup", None)) == []
 
 
 def test_prebuild_builds_models_heads_and_tries(builds, tmp_path):
-    prebuild_fixtures(load_config("dart", None), tmp_path)
+    prebuild_fixtures(load_config("demo/dart", None), tmp_path)
     assert builds == [("model", "dart-head"), ("trie", "stdlib-3gram")]
     builds.clear()
-    prebuild_fixtures(load_config("dart", None), None)        # no tokenizer: the trie is left to the engine
+    prebuild_fixtures(load_config("demo/dart", None), None)        # no tokenizer: the trie is left to the engine
     assert builds == [("model", "dart-head")]
     builds.clear()
     prebuild_fixtures(load_config({"drafter": {"type": "ngram_trie", "path": "fixture:nope"}}, None), tmp_path)
@@ -58,7 +58,7 @@ def test_prebuild_error_names_the_key(builds, tmp_path):
 
 
 def test_prebuild_engine_fixtures_reads_the_engine_kwargs(builds, tmp_path):
-    assert prebuild_engine_fixtures(treespec_engine_kwargs(8, "mamba"), tmp_path) == [Path("/cache/mamba-draft-lm")]
+    assert prebuild_engine_fixtures(treespec_engine_kwargs(8, "demo/mamba"), tmp_path) == [Path("/cache/mamba-draft-lm")]
     assert prebuild_engine_fixtures({}, tmp_path) == []                                   # no speculation
     ngram = {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4}}
     assert prebuild_engine_fixtures(ngram, tmp_path) == []

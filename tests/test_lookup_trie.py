@@ -145,7 +145,7 @@ def test_min_path_prob_cuts_the_unfloored_tree_where_its_paths_get_unlikely(seed
 
 def test_min_path_prob_is_range_checked():
     with pytest.raises(ConfigError, match=r"drafter.min_path_prob: 1.0 is out of range"):
-        load_config({"drafter": {"type": "lookup_trie", "min_path_prob": 1.0}}, 16)
+        load_config({"drafter": {"type": "lookup_trie", "path": "fixture:stdlib-3gram", "min_path_prob": 1.0}}, 16)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "t.trie"
         build_trie_from_streams([[1, 2, 3, 4] * 5], path, order=2, vocab_size=8)
@@ -172,7 +172,7 @@ def test_lookup_weight_one_follows_the_match_and_zero_is_the_trie_alone():
 
 
 def test_drafter_from_config_on_the_fixture_trie(tiny_model):
-    cfg = load_config({"drafter": {"type": "lookup_trie"}, "tree": {"builder": "best_first", "max_depth": 6}}, 16)
+    cfg = load_config({"drafter": {"type": "lookup_trie", "path": "fixture:stdlib-3gram"}, "tree": {"builder": "best_first", "max_depth": 6}}, 16)
     drafter = make_drafter(cfg.drafter, str(tiny_model), cfg.tree)
     buf = np.tile(np.arange(40, 60, dtype=np.int32), (2, 4))
     inputs = DraftInputs(req_ids=["a", "b"], token_ids=buf, rows=np.arange(2), num_tokens=np.array([70, 33]),
@@ -184,12 +184,12 @@ def test_drafter_from_config_on_the_fixture_trie(tiny_model):
 
 
 @pytest.mark.parametrize("raw, message", [
-    ({"drafter": {"type": "lookup_trie", "lookup_weight": 1.5}}, "drafter.lookup_weight: 1.5 is out of range"),
-    ({"drafter": {"type": "lookup_trie", "min_ngram": 4, "max_ngram": 2}}, "drafter.min_ngram: 4 is larger"),
-    ({"drafter": {"type": "lookup_trie"}, "tree": {"builder": "beam"}}, "tree.builder: 'beam' cannot shape lookup_trie"),
-    ({"drafter": {"type": "lookup_trie"}, "tree": {"builder": "best_first", "topk": 4}},
+    ({"drafter": {"type": "lookup_trie", "path": "fixture:stdlib-3gram", "lookup_weight": 1.5}}, "drafter.lookup_weight: 1.5 is out of range"),
+    ({"drafter": {"type": "lookup_trie", "path": "fixture:stdlib-3gram", "min_ngram": 4, "max_ngram": 2}}, "drafter.min_ngram: 4 is larger"),
+    ({"drafter": {"type": "lookup_trie", "path": "fixture:stdlib-3gram"}, "tree": {"builder": "beam"}}, "tree.builder: 'beam' cannot shape lookup_trie"),
+    ({"drafter": {"type": "lookup_trie", "path": "fixture:stdlib-3gram"}, "tree": {"builder": "best_first", "topk": 4}},
      "lookup_trie ranks tree nodes by mixture probabilities"),
-    ({"drafter": {"type": "lookup_trie", "max_matches": -1}}, "drafter.max_matches"),
+    ({"drafter": {"type": "lookup_trie", "path": "fixture:stdlib-3gram", "max_matches": -1}}, "drafter.max_matches"),
 ])
 def test_config_errors_name_the_key(raw, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -87,7 +87,7 @@ def test_online_layer_learns_served_outputs(trie_path):
 
 
 def test_preset_is_valid():
-    cfg = load_config("ngram-trie", 8)
+    cfg = load_config("demo/ngram-trie", 8)
     assert cfg.drafter.type == "ngram_trie" and cfg.drafter.path == "fixture:stdlib-3gram"
 
 

@@ -247,9 +247,9 @@ def test_bench_paired_config_specs():
     assert bench.engine_kwargs("off") == {}
     assert bench.engine_kwargs("ngram:12")["speculative_config"] == {
         "method": "ngram", "num_speculative_tokens": 12, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
-    tree = bench.engine_kwargs('{"drafter": {"type": "lookup_trie"}}:16')
+    tree = bench.engine_kwargs('{"drafter": {"type": "lookup_trie", "path": "fixture:stdlib-3gram"}}:16')
     assert tree["speculative_config"] == {"model": "vllm_treespec.TreeProposer", "num_speculative_tokens": 16}
-    assert tree["additional_config"] == {"treespec": {"drafter": {"type": "lookup_trie"}}}
+    assert tree["additional_config"] == {"treespec": {"drafter": {"type": "lookup_trie", "path": "fixture:stdlib-3gram"}}}
     assert bench.engine_kwargs("lookup-trie-tree:8")["additional_config"] == {"treespec": "lookup-trie-tree"}
     assert bench.engine_kwargs("vllm-draft:4")["speculative_config"] == {
         "method": "draft_model", "model": "fixture:draft-lm", "num_speculative_tokens": 4}
@@ -271,7 +271,7 @@ def test_bench_paired_resolves_vllm_draft_fixtures_only(monkeypatch, tmp_path):
     (["--a", "ngram:x"], "expected off, ngram:K, vllm-draft:K or TREESPEC:K"),
     (["--passes", "0"], "--passes must be at least 1, got 0"),
     (["--temperature", "-0.5"], "--temperature must be >= 0 (0 = greedy), got -0.5"),
-    (["--b", '{"drafter": {"type": "lookup_trie", "trie": "x"}}:4'], "drafter.trie: unknown key"),
+    (["--b", '{"drafter": {"type": "lookup_trie", "path": "fixture:stdlib-3gram", "trie": "x"}}:4'], "drafter.trie: unknown key"),
     (["--a", "no-such-preset:4"], "no-such-preset"),
 ])
 def test_bench_paired_refuses_bad_arguments(argv, message, capsys):

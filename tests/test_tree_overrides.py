@@ -47,12 +47,12 @@ def _same(a, b):
 CASES = [  # (drafter, tree section, overrides): overrides on the tree section == the merged section
     ({"type": "prompt_lookup", "max_matches": 4}, {"builder": "best_first", "max_depth": 8}, {"max_depth": 2}),
     ({"type": "prompt_lookup"}, {"builder": "chain"}, {"max_depth": 3}),
-    ({"type": "lookup_trie", "k": 3}, {"builder": "best_first", "max_depth": 8}, {"max_depth": 2}),
-    ({"type": "ngram_trie", "k": 3}, {"builder": "best_first", "max_depth": 8}, {"max_depth": 2, "topk": 1}),
-    ({"type": "ngram_trie", "k": 3}, {"builder": "chain"}, {"max_depth": 2}),
-    ({"type": "ngram_trie", "k": 3}, {"builder": "beam", "max_depth": 6, "width": 4}, {"width": 1, "max_depth": 3}),
-    ({"type": "ngram_trie", "k": 3}, {"builder": "threshold", "branch": 3, "tau": 0.01}, {"branch": 1, "tau": 0.2}),
-    ({"type": "ngram_trie", "k": 3}, {"builder": "static", "template": [3, 2, 1]}, {"template": [1, 1]}),
+    ({"type": "lookup_trie", "path": "fixture:stdlib-3gram", "k": 3}, {"builder": "best_first", "max_depth": 8}, {"max_depth": 2}),
+    ({"type": "ngram_trie", "path": "fixture:stdlib-3gram", "k": 3}, {"builder": "best_first", "max_depth": 8}, {"max_depth": 2, "topk": 1}),
+    ({"type": "ngram_trie", "path": "fixture:stdlib-3gram", "k": 3}, {"builder": "chain"}, {"max_depth": 2}),
+    ({"type": "ngram_trie", "path": "fixture:stdlib-3gram", "k": 3}, {"builder": "beam", "max_depth": 6, "width": 4}, {"width": 1, "max_depth": 3}),
+    ({"type": "ngram_trie", "path": "fixture:stdlib-3gram", "k": 3}, {"builder": "threshold", "branch": 3, "tau": 0.01}, {"branch": 1, "tau": 0.2}),
+    ({"type": "ngram_trie", "path": "fixture:stdlib-3gram", "k": 3}, {"builder": "static", "template": [3, 2, 1]}, {"template": [1, 1]}),
 ]
 
 

@@ -1,8 +1,9 @@
 """Deployment config: which drafter, which tree shape, which budget — one file per deployment.
 
 Given to vLLM as `--additional-config '{"treespec": PATH_OR_MAPPING}'`. PATH is a YAML file (an
-absolute path, a path relative to the working directory, a path relative to this project's root
-such as `configs/drafters/prompt-lookup.yaml`, or a preset name such as `prompt-lookup`).
+absolute path or one relative to the working directory) or a shipped preset's name
+(`prompt-lookup`, `demo/lookup-trie`; vllm_treespec/presets.py). A mapping (inline or in a file)
+may start from a preset with `preset: NAME` and override its keys.
 Validated once at startup (and by `vllm-treespec serve` before vLLM starts); any problem raises one
 `ConfigError` naming the key, what is allowed and how to fix it. Without a `treespec` entry the
 deployment uses the `prompt-lookup` preset.
@@ -10,16 +11,32 @@ deployment uses the `prompt-lookup` preset.
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import yaml
 
+from vllm_treespec.presets import (PRESET_KEY, budget_presets, configs_dir, expand_preset,
+                                   resolve_budget_path, resolve_config_path)
 from vllm_treespec.schema import ConfigError, did_you_mean, parse_section, reference_rows, spec, to_dict
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-CONFIGS_DIR = PROJECT_ROOT / "configs"
+CONFIGS_DIR = configs_dir()
 DEFAULT_PRESET = "prompt-lookup"
+
+# How to make the file a drafter needs (said when its path is missing).
+_SERVE_WITH = ("then serve with --additional-config '{{\"treespec\": {{\"preset\": \"PRESET\", "
+               "\"drafter\": {{\"{key}\": \"FILE\"}}}}}}' (or set it in a copy of the preset)")
+_MAKE_TRIE = ("this drafter needs an n-gram trie built with the served model's tokenizer: make one with "
+              "`vllm-treespec ngram build --tokenizer MODEL_DIR --order 3 --out FILE CORPUS...` (or a "
+              "self-distilled one: `vllm-treespec train trie MODEL_DIR --out FILE`); "
+              + _SERVE_WITH.format(key="path"))
+_MAKE_HEAD = ("this drafter needs a head checkpoint trained for the served model: make one with "
+              "`vllm-treespec train data MODEL_DIR --out DATA` and `vllm-treespec train dart|jetspec "
+              "MODEL_DIR --data DATA --out FILE`; " + _SERVE_WITH.format(key="path"))
+_MAKE_DRAFT = ("this drafter needs a local Hugging Face draft model directory (Llama, Mistral, Qwen2, "
+               "Qwen3, Mamba, Mamba-2) sharing the served model's tokenizer; "
+               + _SERVE_WITH.format(key="path"))
 ADDITIONAL_CONFIG_KEY = "treespec"
 
 __all__ = ["ConfigError", "TreespecConfig", "PromptLookupConfig", "LookupTrieConfig", "DraftModelConfig",
@@ -60,11 +77,12 @@ class PromptLookupConfig:
 class NgramTrieConfig:
     """Drafts the most likely continuation under a corpus n-gram trie (vllm-treespec ngram build)."""
     type: Literal["ngram_trie"] = spec(doc="Drafter kind.")
-    path: str = spec("fixture:stdlib-3gram", doc=(
-        "Trie file, or fixture:stdlib-3gram / fixture:stdlib-5gram (built on first use from the "
-        "Python stdlib with the served model's tokenizer), or fixture:code-lm-distill-5gram (the "
-        "code-LM fixture's own continuations; `vllm-treespec train trie` builds one for any model). "
-        "Its tokenizer fingerprint must match the served model's."))
+    path: str = spec(doc=(
+        "Trie file (`vllm-treespec ngram build`, or `vllm-treespec train trie` for a self-distilled "
+        "one); its tokenizer fingerprint must match the served model's. Demos and tests name "
+        "fixtures: fixture:stdlib-3gram / fixture:stdlib-5gram (built on first use from the Python "
+        "stdlib with the served model's tokenizer), fixture:code-lm-distill-5gram (the code-LM "
+        "fixture's own continuations)."), missing=_MAKE_TRIE)
     order: int | None = spec(None, ge=1, le=16, doc="Expected trie order; null accepts the file's.")
     k: int = spec(4, ge=1, le=64, doc="Continuations per node a tree builder may expand.")
     min_context: int = spec(1, ge=0, le=15, doc=(
@@ -78,6 +96,7 @@ class NgramTrieConfig:
 class LookupTrieConfig:
     """Prompt lookup mixed with a corpus n-gram trie in one tree (drafters/lookup_trie.py)."""
     type: Literal["lookup_trie"] = spec(doc="Drafter kind.")
+    path: str = spec(doc="Trie file or fixture (as ngram_trie.path).", missing=_MAKE_TRIE)
     min_ngram: int = spec(1, ge=1, le=64, doc="Shortest suffix n-gram that may match.")
     max_ngram: int = spec(4, ge=1, le=64, doc="Longest suffix n-gram tried (longer matches win).")
     max_matches: int = spec(8, ge=0, le=256, doc=(
@@ -86,7 +105,6 @@ class LookupTrieConfig:
     lookup_weight: float = spec(0.8, doc=(
         "Share of a node's probability given to the match continuations where the path still "
         "follows one (the trie's top-k get the rest). Range: [0, 1]."))
-    path: str = spec("fixture:stdlib-3gram", doc="Trie file or fixture (as ngram_trie.path).")
     order: int | None = spec(None, ge=1, le=16, doc="Expected trie order; null accepts the file's.")
     k: int = spec(4, ge=1, le=64, doc="Trie continuations considered per node.")
     min_context: int = spec(1, ge=0, le=15, doc=(
@@ -116,7 +134,7 @@ class DraftModelConfig:
     path: str = spec(doc=(
         "Local Hugging Face model directory (config.json, weights, tokenizer files; architectures "
         "Llama, Mistral, Qwen2, Qwen3, Mamba, Mamba-2), or fixture:draft-lm / fixture:mamba-draft-lm. "
-        "Its tokenizer must be the served model's."))
+        "Its tokenizer must be the served model's."), missing=_MAKE_DRAFT)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = spec("auto", doc=(
         "Drafter weights and cache dtype; auto = the checkpoint's."))
     memory_mb: float = spec(2048.0, ge=1.0, le=1048576.0, doc=(
@@ -166,7 +184,8 @@ class DartConfig:
     path: str = spec(doc=(
         "Head checkpoint directory (config.json + model.safetensors, from `vllm-treespec train dart` or "
         "`train jetspec`), or a fixture head of the code-LM fixture (fixture:dart-head, fixture:jetspec-head, "
-        "fixture:diffusion-head). It must be a head of drafter.type's kind, trained for the served model."))
+        "fixture:diffusion-head). It must be a head of drafter.type's kind, trained for the served model."),
+        missing=_MAKE_HEAD)
     topk: int = spec(25, ge=1, le=256, doc="Candidates kept per depth (DART: k = 25).")
     ngram: str | None = spec(None, doc=(
         "tree.scorer dart / presto: the n-gram trie giving rho (a trie file or fixture:stdlib-3gram); "
@@ -487,24 +506,9 @@ class BudgetConfig:
                         "budget.max_nodes to cap the candidates")
 
 
-def budget_presets() -> list[str]:
-    return sorted(p.stem for p in (CONFIGS_DIR / "budgets").glob("*.yaml"))
-
-
 def resolve_budget_preset(name: str | None) -> Path:
-    """A budget table file: a name in configs/budgets/, or a path (as given or from the project root)."""
-    name = name or ""
-    candidates = [CONFIGS_DIR / "budgets" / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml"),
-                  Path(name).expanduser()]
-    if not Path(name).is_absolute():
-        candidates.append(PROJECT_ROOT / name)
-    for c in candidates:
-        if name and c.is_file():
-            return c.resolve()
-    looked = ", ".join(str(c) for c in candidates)
-    raise ConfigError(f"budget.preset: {name!r} not found{did_you_mean(name, budget_presets())} "
-                      f"(looked at: {looked}); use one of "
-                      f"{', '.join(budget_presets()) or 'none found'} or an existing YAML path")
+    """A budget table file: a name in configs/budgets/, or an existing YAML path."""
+    return resolve_budget_path(name)
 
 
 _PRESET_CACHE: dict[tuple[str, int], tuple[BudgetRule, ...]] = {}
@@ -615,7 +619,8 @@ def _check_drafter_tree(cfg: TreespecConfig) -> None:
     if (cfg.drafter.type in ("dart", "jetspec") and SCORERS[cfg.tree.scorer].needs_rho
             and cfg.drafter.ngram is None):
         raise ConfigError(f"tree.scorer: {cfg.tree.scorer} scores with an n-gram signal; set drafter.ngram "
-                          "(a trie file or fixture:stdlib-3gram) or use tree.scorer acc_logp")
+                          "to a trie file built with the served model's tokenizer (`vllm-treespec ngram "
+                          "build --tokenizer MODEL_DIR --out FILE CORPUS...`) or use tree.scorer acc_logp")
     if cfg.drafter.type == "draft_model":
         if cfg.drafter.templates and cfg.tree.builder != "static":
             raise ConfigError(f"drafter.templates: the template bandit needs tree.builder static, not "
@@ -667,19 +672,8 @@ def _check_budget_tree(cfg: TreespecConfig) -> None:
 
 
 def resolve_path(name: str) -> Path:
-    """Find a config file: as given, relative to the project root, or as a preset name."""
-    candidates = [Path(name).expanduser()]
-    if not Path(name).is_absolute():
-        candidates.append(PROJECT_ROOT / name)
-        candidates.append(CONFIGS_DIR / "drafters" / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml"))
-    for c in candidates:
-        if c.is_file():
-            return c.resolve()
-    presets = sorted(p.stem for p in (CONFIGS_DIR / "drafters").glob("*.yaml"))
-    raise ConfigError(
-        f"treespec config file {name!r} not found{did_you_mean(name, presets)} "
-        f"(looked at: {', '.join(str(c) for c in candidates)}); "
-        f"pass an existing YAML path or a preset name ({', '.join(presets) or 'none found'})")
+    """Find a config file: as given, or a shipped preset's name (presets.py)."""
+    return resolve_config_path(name)
 
 
 def read_yaml(path: Path) -> Any:
@@ -697,12 +691,32 @@ def load_config(source: str | Mapping[str, Any] | None,
     if source is None:
         source = DEFAULT_PRESET
     if isinstance(source, Mapping):
-        return parse_config(source, "<inline>", num_speculative_tokens)
-    if not isinstance(source, str):
-        raise ConfigError(f"--additional-config {ADDITIONAL_CONFIG_KEY}: expected a YAML path or a mapping, "
-                          f"got {source!r}")
-    path = resolve_path(source)
-    return parse_config(read_yaml(path), str(path), num_speculative_tokens)
+        raw, name = source, "<inline>"
+    elif isinstance(source, str):
+        path = resolve_path(source)
+        raw, name = read_yaml(path), str(path)
+    else:
+        raise ConfigError(f"--additional-config {ADDITIONAL_CONFIG_KEY}: expected a YAML path, a preset "
+                          f"name or a mapping, got {source!r}")
+    raw, bases = expand_preset(raw, read_yaml, name)
+    files = ([name] if isinstance(source, str) else []) + bases
+    if bases:
+        name = f"{name} (preset {' <- '.join(bases)})"
+    try:
+        return parse_config(raw, name, num_speculative_tokens)
+    except ConfigError as e:
+        raise ConfigError(_with_preset_name(str(e), files)) from None
+
+
+def _with_preset_name(message: str, files: list[str]) -> str:
+    """Name the production preset in a missing-file hint (`"preset": "PRESET"`), or, for a config
+    that is not one, say to set the key in it."""
+    shipped = configs_dir() / "drafters"
+    names = [Path(f).stem for f in files if Path(f).parent == shipped]
+    if names:
+        return message.replace('"preset": "PRESET"', f'"preset": "{names[-1]}"')
+    return re.sub(r"then serve with --additional-config '.*?' \(or set it in a copy of the preset\)",
+                  "then set that key in this config to the file", message)
 
 
 def from_additional_config(additional_config: Any, num_speculative_tokens: int | None = None) -> TreespecConfig:

@@ -15,7 +15,7 @@ from vllm_treespec.comparison import all_match, no_spec, run_comparison, summari
 from vllm_treespec.report import fmt_float, fmt_match, fmt_ratio, format_table, hardware_line
 from vllm_treespec.serving import ServerError
 
-DEMO_PRESET = "lookup-trie-distilled"
+DEMO_PRESET = "demo/lookup-trie-distilled"
 DEMO_K = 32
 FULL = {"prompts": 16, "max_tokens": 128}
 # The quick run keeps the full length: greedy continuations of this fixture grow more repetitive

@@ -39,12 +39,15 @@ class Spec:
     choices: tuple[Any, ...] | None = None
     ge: float | None = None
     le: float | None = None
+    missing: str | None = None      # required keys: how to get a value (said when it is missing)
 
 
 def spec(default: Any = MISSING, *, doc: str, choices: tuple[Any, ...] | None = None,
-         ge: float | None = None, le: float | None = None, default_factory: Any = MISSING) -> Any:
-    """Declare a config field: `x: int = spec(5, doc="...", ge=1)`."""
-    meta = {"spec": Spec(doc=doc, choices=choices, ge=ge, le=le)}
+         ge: float | None = None, le: float | None = None, default_factory: Any = MISSING,
+         missing: str | None = None) -> Any:
+    """Declare a config field: `x: int = spec(5, doc="...", ge=1)`; a required key (no default)
+    may say how to get its value (`missing=`), which its missing-key error repeats."""
+    meta = {"spec": Spec(doc=doc, choices=choices, ge=ge, le=le, missing=missing)}
     if default_factory is not MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -172,7 +175,8 @@ def _field_value(f: dataclasses.Field, key: str, raw: Mapping, tp: Any) -> Any:
     elif f.default_factory is not MISSING:
         value = f.default_factory()
     else:
-        raise ConfigError(f"{key}: required key is missing")
+        hint = getattr(f.metadata.get("spec"), "missing", None)
+        raise ConfigError(f"{key}: required key is missing" + (f"; {hint}" if hint else ""))
     s = f.metadata.get("spec")
     if s is not None:
         _check_spec(key, value, s)
