@@ -54,10 +54,21 @@ MODES = [
 ]
 
 
+def _children_counts(tree) -> torch.Tensor:
+    """Children per node: the draws each node made when every child is one draw (node_draws)."""
+    offsets, parents = tree["offsets"], tree["parents"]
+    base = torch.repeat_interleave(offsets[:-1], offsets[1:] - offsets[:-1])
+    counts = torch.zeros(parents.numel(), dtype=torch.int64)
+    draft = parents >= 0
+    counts.index_add_(0, (parents + base)[draft], torch.ones(int(draft.sum()), dtype=torch.int64))
+    return counts
+
+
 def _run(tree, logits, draft, params, mode, repl, gens):
     return accept(
         tree, logits, mode=mode, sampling=params, generators=gens,
         draft_probs=draft if mode == "rrs" else None, replacement=repl,
+        node_draws=_children_counts(tree) if repl else None,
     )
 
 
@@ -96,12 +107,22 @@ def test_request_result_independent_of_batch(mode, repl):
         assert torch.equal(full.accepted_nodes[b, :width], alone.accepted_nodes[0])
 
 
-def test_generator_advances_by_a_fixed_block():
+@pytest.mark.parametrize("mode", ["target_only", "rrs", "root_only"])
+def test_generator_advances_by_a_fixed_block(mode):
+    """Two coins per node in every mode (verify/coins.py), so a seeded request's stream moves
+    the same whichever rule its batch needs."""
     tree, logits, draft, params = _setup(3, [6, 9])
     params = SamplingParamsBatch.from_lists([1.0, 1.0])
     g = torch.Generator().manual_seed(5)
-    accept(tree, logits, mode="rrs", sampling=params, generators=[g, None],
-           draft_probs=draft, replacement=False)
+    if mode == "root_only":
+        roots = {"offsets": torch.tensor([0, 1, 2]), "tokens": torch.tensor([1, 2]),
+                 "parents": torch.tensor([-1, -1])}
+        accept(roots, logits[:2], mode="target_only", sampling=params, generators=[g, None],
+               coin_rows=6)
+    else:
+        accept(tree, logits, mode=mode, sampling=params, generators=[g, None],
+               draft_probs=draft if mode == "rrs" else None,
+               replacement=False if mode == "rrs" else None)
     ref = torch.Generator().manual_seed(5)
     torch.rand((6, 2), dtype=torch.float64, generator=ref)  # 2 coins per node of request 0
     assert torch.equal(g.get_state(), ref.get_state())
@@ -160,6 +181,18 @@ def _tiny():
               "num_draws": torch.tensor([1, 2, 1])}, ValueError, "replacement=True"),
         ({}, {"mode": "target_only", "num_draws": torch.tensor([1, 1, 1])},
          ValueError, "only used"),
+        ({}, {"mode": "target_only", "node_draws": torch.tensor([2, 0, 0])},
+         ValueError, "only used"),
+        ({}, {"mode": "rrs", "replacement": False, "draft": True,
+              "node_draws": torch.tensor([2, 0, 0])}, ValueError, "only used"),
+        ({}, {"mode": "rrs", "replacement": True, "draft": True}, ValueError, "needs node_draws"),
+        ({}, {"mode": "rrs", "replacement": True, "draft": True,
+              "node_draws": torch.tensor([2.0, 0.0, 0.0])}, ValueError, r"node_draws must be"),
+        # the root made 3 draws, its two children stand for 2: cut after merging
+        ({}, {"mode": "rrs", "replacement": True, "draft": True,
+              "node_draws": torch.tensor([3, 0, 0])}, ValueError, "made 3 i.i.d. draws"),
+        ({}, {"mode": "rrs", "replacement": True, "draft": True, "num_draws": torch.tensor([1, 2, 2]),
+              "node_draws": torch.tensor([3, 0, 0])}, ValueError, "stand for 4"),
         ({}, {"mode": "target_only", "draft_rows": torch.tensor([0, -1, -1])},
          ValueError, "draft_rows is only used"),
         ({}, {"mode": "rrs", "replacement": False, "draft": torch.full((1, 5), 0.2),

@@ -220,7 +220,8 @@ def _draw_children(rng, q: np.ndarray, k: int, replacement: bool) -> tuple[np.nd
 
 def _draft_trees(rng, model: PrefixModel, length, value, fanout, replacement, topk=False):
     """Two-level draft trees (fanout[0] draws at the root, fanout[1] at each child) for prefixes
-    (length, value); returns the flat batch, node prefix rows and num_draws."""
+    (length, value); returns the flat batch, node prefix rows, num_draws and the draws each
+    node made (node_draws: fanout[0] at the root, fanout[1] at depth 1, 0 at the leaves)."""
     n = length.shape[0]
     k1, k2 = fanout
     vocab = model.vocab
@@ -256,13 +257,39 @@ def _draft_trees(rng, model: PrefixModel, length, value, fanout, replacement, to
     )
     rows = np.concatenate([root_idx[:, None], idx1, idx2.reshape(n, -1)], axis=1)
     draws = np.concatenate([np.ones((n, 1), np.int64), g1, g2.reshape(n, -1)], axis=1)
+    made = np.concatenate([np.full((n, 1), k1), np.full((n, k1), k2), np.zeros((n, k1 * k2), np.int64)],
+                          axis=1)
     counts = valid.sum(axis=1)
     tree = {
         "offsets": torch.tensor(np.concatenate([[0], np.cumsum(counts)]), dtype=torch.int64),
         "tokens": torch.tensor(tokens[valid]),
         "parents": torch.tensor(parents[valid]),
     }
-    return tree, rows[valid], torch.tensor(draws[valid])
+    return tree, rows[valid], torch.tensor(draws[valid]), torch.tensor(made[valid])
+
+
+def _cut_prefix(tree, rows, draws, made, keep: int):
+    """Each tree cut to its first `keep` nodes (breadth-first: a prefix of every node's
+    children), num_draws and node_draws left as they were before the cut."""
+    offsets = tree["offsets"]
+    sizes = (offsets[1:] - offsets[:-1]).clamp(max=keep)
+    local = torch.arange(int(offsets[-1])) - torch.repeat_interleave(offsets[:-1], offsets[1:] - offsets[:-1])
+    kept = local < keep
+    cut = {"offsets": torch.cat([torch.zeros(1, dtype=torch.int64), sizes.cumsum(0)]),
+           "tokens": tree["tokens"][kept], "parents": tree["parents"][kept]}
+    return cut, rows[kept.numpy()], draws[kept], made[kept]
+
+
+def _claimed(tree, num_draws: torch.Tensor | None) -> torch.Tensor:
+    """node_draws as a caller would report it from the tree it passes: the sum of each node's
+    children's num_draws (what the cut or merge left), whatever the node really drew."""
+    offsets, parents = tree["offsets"], tree["parents"]
+    base = torch.repeat_interleave(offsets[:-1], offsets[1:] - offsets[:-1])
+    per = torch.ones_like(parents) if num_draws is None else num_draws
+    out = torch.zeros_like(parents)
+    draft = parents >= 0
+    out.index_add_(0, (parents + base)[draft], per[draft])
+    return out
 
 
 def _run_streams(
@@ -276,7 +303,12 @@ def _run_streams(
     topk: bool = False,
     use_num_draws: bool = True,
     drop_q: float = 0.0,
+    cut: int | None = None,
+    node_draws: str = "made",
 ):
+    """Generation streams (module docstring). cut: verify each tree cut to its first `cut`
+    nodes; node_draws (replacement only): "made" = the draws each node made (honest), "claimed"
+    = what the passed num_draws add up to (a caller hiding a cut or an ignored merge)."""
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)
     n = trials * len(sets)
@@ -286,9 +318,12 @@ def _run_streams(
     value = np.zeros(n, dtype=np.int64)
     while (length < stream_len).any():
         live = np.nonzero(length < stream_len)[0]
-        tree, rows, draws = _draft_trees(
+        tree, rows, draws, made = _draft_trees(
             rng, model, length[live], value[live], fanout, replacement, topk
         )
+        if cut is not None:
+            tree, rows, draws, made = _cut_prefix(tree, rows, draws, made, cut)
+        passed = draws if (replacement and use_num_draws) else None
         q_rows, q_index = model.q[torch.tensor(rows)], None
         if drop_q:   # compact form: a random share of nodes has no q row (target-only there)
             has = rng.random(len(rows)) >= drop_q
@@ -303,7 +338,8 @@ def _run_streams(
             draft_probs=q_rows,
             draft_rows=q_index,
             replacement=replacement,
-            num_draws=draws if (replacement and use_num_draws) else None,
+            num_draws=passed,
+            node_draws=(made if node_draws == "made" else _claimed(tree, passed)) if replacement else None,
         )
         emitted, num = res.emitted.numpy(), res.num_emitted.numpy()
         for j in range(emitted.shape[1]):
@@ -379,8 +415,41 @@ def test_rrs_merged_draws_without_num_draws_fail():
     one draw (num_draws ignored). Repeats must still apply their residual update."""
     model = PrefixModel(np.random.default_rng(8), vocab=6, max_len=4, draft_temp=0.35)
     kwargs = dict(trials=40_000, stream_len=2, fanout=(4, 1), replacement=True, seed=9)
-    bad = _run_streams(model, RRS_SETS[:1], use_num_draws=False, **kwargs)
+    bad = _run_streams(model, RRS_SETS[:1], use_num_draws=False, node_draws="claimed", **kwargs)
     good = _run_streams(model, RRS_SETS[:1], use_num_draws=True, **kwargs)
     print("merged draws p-values, without / with num_draws:", bad, good)
     assert bad[0][1] < P_FAIL
     assert good[0][0] > P_PASS and good[0][1] > P_PASS
+
+
+def test_rrs_with_replacement_rejects_a_prefix_cut():
+    """A tree of merged i.i.d. draws cut to a node prefix (the kept sibling keeping its pre-cut
+    num_draws) is refused: its root made 4 draws, its kept child stands for fewer."""
+    model = PrefixModel(np.random.default_rng(8), vocab=6, max_len=4, draft_temp=0.35)
+    with pytest.raises(ValueError, match="cut to a node prefix"):
+        _run_streams(model, RRS_SETS[:1], trials=2_000, stream_len=2, fanout=(4, 1),
+                     replacement=True, seed=9, cut=2)
+
+
+def test_rrs_with_replacement_prefix_cut_is_biased():
+    """Why the cut is refused: the same cut trees verified anyway (node_draws claimed from the
+    cut tree, so the check passes) fail the stream test; the uncut trees pass it
+    (test_rrs_merged_draws_without_num_draws_fail, same model and seed). The kept draws are
+    those before the first draw of a new token: a set chosen by the draws' own values."""
+    model = PrefixModel(np.random.default_rng(8), vocab=6, max_len=4, draft_temp=0.35)
+    cut = _run_streams(model, RRS_SETS[:1], trials=20_000, stream_len=2, fanout=(4, 1),
+                       replacement=True, seed=9, cut=2, node_draws="claimed")
+    print("prefix-cut merged draws p-values:", cut)
+    assert cut[0][1] < P_FAIL
+
+
+@pytest.mark.parametrize("cut", [2, 5])
+def test_rrs_without_replacement_prefix_cut_follows_target(cut):
+    """Draws without replacement cut to a node prefix (what the engine's scheduler does to a
+    sampled tree) stay lossless: each node keeps its first k draws, k fixed by the other nodes."""
+    model = PrefixModel(np.random.default_rng(6), vocab=6, max_len=4, draft_temp=0.8)
+    results = _run_streams(model, RRS_SETS[:2], trials=20_000, stream_len=3, fanout=(3, 2),
+                           replacement=False, seed=24, cut=cut)
+    print(f"rrs without replacement cut to {cut} nodes p-values:", results)
+    for joint_p, first_p in results:
+        assert joint_p > P_PASS and first_p > P_PASS

@@ -17,16 +17,26 @@ Modes, for requests with temperature >= 1e-5 (requests below it are always greed
 - ``rrs``: drafts sampled from the drafter's q (row u of ``draft_probs`` = the q u's children were
   drawn from), recursive rejection sampling as in SpecInfer (``replacement=True``, i.i.d. draws)
   or Sequoia (``replacement=False``, draws without replacement). Children must be in draw order.
-  Lossless only when the children are the drafter's draws (possibly cut to a prefix of the node
-  list, which keeps a prefix of each node's draws); never use it on deterministic top-k children.
+  Lossless only when the children are the drafter's draws; never use it on deterministic top-k
+  children. Without replacement a tree may be cut to a prefix of its node list (the engine's
+  scheduler does): each node then keeps its first k draws, k fixed by the other nodes, which is
+  lossless. With replacement it may not: repeats are merged into one sibling standing for
+  ``num_draws`` draws, and a cut keeps the draws before the first draw of a NEW token, a set
+  chosen by the values of the draws themselves (the kept draws are no longer i.i.d. from q; the
+  emitted law is off by a total variation of a few percent). So ``replacement=True`` needs
+  ``node_draws`` (the draws each node made) and rejects a tree whose children do not account
+  for all of them, which is what a cut leaves.
   With ``draft_rows`` (compact form), ``draft_probs`` holds only the rows that exist and
   ``draft_rows[u]`` says which one is u's (-1 = none): a node without a q row is verified with
   the target-only rule, which is exact for any children not chosen with this step's coins. So
   one call serves a batch mixing sampled drafts (rrs) and top-k drafts (target-only), node by
   node, and the engine never materialises q rows for leaves or top-k trees.
 
-Coins: one block per request per call (see coins.py); in ``rrs`` node c's first coin decides c's
-acceptance, and every node's last coin draws the token sampled at that node.
+Coins: one block per sampled request per call, two coins per node in every mode (coins.py):
+column 0 decides the node's acceptance in ``rrs``, column 1 draws the token sampled at the node
+(target-only rule, rrs correction, root-only path). A request's tokens and the state its
+generator is left in therefore depend on its own tree, sampling parameters and generator only,
+not on the mode its batch needs nor on its neighbours.
 """
 from __future__ import annotations
 
@@ -35,7 +45,7 @@ from typing import Any, Literal
 
 import torch
 
-from vllm_treespec.verify.coins import Generators, draw_coins
+from vllm_treespec.verify.coins import ACCEPT_COIN, DRAW_COIN, Generators, draw_coins
 from vllm_treespec.verify.rules import find_child, recursive_rejection, sample_categorical
 from vllm_treespec.verify.sampling_params import (
     SamplingParamsBatch,
@@ -173,6 +183,38 @@ def _check_num_draws(
     return n
 
 
+def _check_node_draws(node_draws: Any, draws: torch.Tensor | None, q_index: torch.Tensor,
+                      layout: TreeLayout, device: torch.device) -> None:
+    """replacement=True: every node with children and a q row must verify all the draws it made.
+
+    Its children's ``num_draws`` (1 each by default) must add up to ``node_draws[u]``. A tree
+    cut to a node prefix after merging repeats fails this (the cut drops the draws from the
+    first cut sibling on), and verifying what is left would be biased (module docstring)."""
+    if node_draws is None:
+        raise ValueError(
+            "mode='rrs' with replacement=True needs node_draws [T]: how many i.i.d. draws from "
+            "its q row each node made (its children's num_draws must add up to it)"
+        )
+    made = torch.as_tensor(node_draws, device=device)
+    if made.shape != (layout.num_rows,) or made.dtype.is_floating_point:
+        raise ValueError(f"node_draws must be an integer tensor of shape [{layout.num_rows}]")
+    draft = layout.parents >= 0
+    per_child = draws[draft] if draws is not None else torch.ones_like(layout.parents[draft])
+    covered = torch.zeros(layout.num_rows, dtype=torch.int64, device=device)
+    covered.index_add_(0, layout.global_parents[draft], per_child)
+    checked = (layout.num_children > 0) & (q_index >= 0)
+    bad = checked & (covered != made.to(torch.int64))
+    if bool(bad.any()):
+        row = _first(bad)
+        raise ValueError(
+            f"node at flat row {row} made {int(made[row])} i.i.d. draws but its children stand "
+            f"for {int(covered[row])} (sum of their num_draws). A tree of merged i.i.d. draws cut "
+            "to a node prefix cannot be verified losslessly: which draws survive the cut depends "
+            "on their values. Verify the whole tree, or draw without replacement "
+            "(replacement=False), whose prefix cuts are lossless"
+        )
+
+
 def _request_params(mode: Mode, sampling: SamplingParamsBatch | None, num_requests: int,
                     device: torch.device) -> tuple[SamplingParamsBatch | None, torch.Tensor]:
     """(validated sampling parameters or None in greedy mode, bool [B] greedy requests)."""
@@ -184,12 +226,13 @@ def _request_params(mode: Mode, sampling: SamplingParamsBatch | None, num_reques
     return params, params.is_greedy
 
 
-def _coins(offsets: torch.Tensor, request_of_row: torch.Tensor, per_node: int, generators: Generators,
+def _coins(offsets: torch.Tensor, request_of_row: torch.Tensor, generators: Generators,
            is_greedy: torch.Tensor, coin_rows: int | None) -> torch.Tensor | None:
-    """Every sampled request's coin block (coins.py); None when all requests are greedy, after
-    checking that a generator list still has one entry per request."""
+    """Every sampled request's coin block, the same layout in every mode (coins.py); None when
+    all requests are greedy, after checking that a generator list still has one entry per
+    request."""
     if not bool(is_greedy.all()):
-        return draw_coins(offsets, request_of_row, per_node, generators, is_greedy, coin_rows)
+        return draw_coins(offsets, request_of_row, generators, is_greedy, coin_rows)
     num_requests = offsets.numel() - 1
     if generators is not None and not isinstance(generators, torch.Generator):
         if len(generators) != num_requests:
@@ -220,8 +263,9 @@ def _accept_roots(offsets: torch.Tensor, logits: torch.Tensor, mode: Mode,
                   sampling: SamplingParamsBatch | None, generators: Generators,
                   max_depth: int | None, coin_rows: int | None) -> AcceptResult:
     """accept() for root-only trees (a step in which no request drafted): the walk's first level
-    and nothing else, with the same coins, processing and draw, so its tokens are the walk's to
-    the bit; it skips the layout and the per-level bookkeeping, which cost more than the draw."""
+    and nothing else, with the same coin block (two per node), processing and draw coin, so its
+    tokens and generator states are the walk's to the bit, in any mode; it skips the layout and
+    the per-level bookkeeping, which cost more than the draw."""
     device = logits.device
     num_requests = offsets.numel() - 1
     if logits.shape[0] != num_requests:
@@ -233,7 +277,7 @@ def _accept_roots(offsets: torch.Tensor, logits: torch.Tensor, mode: Mode,
         raise ValueError(f"max_depth={max_depth} is smaller than the deepest node (0)")
     width = 1 if max_depth is None else max_depth + 1
     params, is_greedy = _request_params(mode, sampling, num_requests, device)
-    coins = _coins(offsets, torch.arange(num_requests, device=device), 1, generators, is_greedy,
+    coins = _coins(offsets, torch.arange(num_requests, device=device), generators, is_greedy,
                    coin_rows)
     picked = torch.empty(num_requests, dtype=torch.int64, device=device)
     g = is_greedy.nonzero().squeeze(1)
@@ -244,7 +288,7 @@ def _accept_roots(offsets: torch.Tensor, logits: torch.Tensor, mode: Mode,
         assert params is not None and coins is not None
         probs = torch.softmax(process_logits(logits[s], params.rows(s), inplace=True),
                               dim=-1, dtype=torch.float32).to(torch.float64)
-        picked[s] = sample_categorical(probs, coins[s, 0])
+        picked[s] = sample_categorical(probs, coins[s, DRAW_COIN])
     emitted = torch.full((num_requests, width), -1, dtype=torch.int64, device=device)
     emitted[:, 0] = picked
     nodes = torch.full((num_requests, width), -1, dtype=torch.int64, device=device)
@@ -262,6 +306,7 @@ def accept(
     draft_rows: torch.Tensor | None = None,
     replacement: bool | None = None,
     num_draws: torch.Tensor | None = None,
+    node_draws: torch.Tensor | None = None,
     max_depth: int | None = None,
     validate: bool = True,
     coin_rows: int | None = None,
@@ -286,7 +331,12 @@ def accept(
             (True) or without replacement (False)?
         num_draws: "rrs" with replacement only: int64 [T], how many consecutive i.i.d. draws a
             (merged) node stands for, i.e. the draw index of the next sibling's first draw (or
-            of the end) minus this node's first draw index; default 1 each.
+            of the end of its parent's draws) minus this node's first draw index; default 1
+            each.
+        node_draws: "rrs" only and required with replacement=True: int64 [T], how many i.i.d.
+            draws from its q row each node made. For every node with children and a q row,
+            its children's num_draws must add up to it; a tree cut to a node prefix after
+            merging does not, and is rejected (ValueError; see the module docstring).
         max_depth: pad outputs to max_depth + 1 columns (must be >= the deepest node).
         validate: check that draft_probs rows with children are distributions (one O(T*V)
             pass); tree structure and drafted-token checks are O(T) and always run.
@@ -343,13 +393,17 @@ def accept(
         q_all, q_index = _check_draft_probs(draft_probs, draft_rows, layout, vocab, device,
                                             full=validate)
         draws = _check_num_draws(num_draws, replacement, layout, device)
-    elif num_draws is not None:
-        raise ValueError("num_draws is only used by mode='rrs' with replacement=True")
+        if replacement:
+            _check_node_draws(node_draws, draws, q_index, layout, device)
+        elif node_draws is not None:
+            raise ValueError("node_draws is only used by mode='rrs' with replacement=True")
+    elif num_draws is not None or node_draws is not None:
+        raise ValueError("num_draws and node_draws are only used by mode='rrs' with "
+                         "replacement=True")
     elif draft_rows is not None:
         raise ValueError("draft_rows is only used by mode='rrs'")
 
-    coins = _coins(layout.offsets, layout.request_of_row, 2 if mode == "rrs" else 1, generators,
-                   is_greedy, coin_rows)
+    coins = _coins(layout.offsets, layout.request_of_row, generators, is_greedy, coin_rows)
 
     emitted = torch.full((num_requests, width), -1, dtype=torch.int64, device=device)
     nodes = torch.full((num_requests, width), -1, dtype=torch.int64, device=device)
@@ -379,13 +433,13 @@ def accept(
                 dtype=torch.float32,
             ).to(torch.float64)
             if mode == "target_only":
-                picked[s] = sample_categorical(probs, coins[srows, 0])
+                picked[s] = sample_categorical(probs, coins[srows, DRAW_COIN])
             else:
                 assert q_all is not None and replacement is not None
                 has_q = q_index[srows] >= 0
                 t = (~has_q).nonzero().squeeze(1)
-                if t.numel():           # no q row: target-only rule (the node's last coin)
-                    picked[s[t]] = sample_categorical(probs[t], coins[srows[t], 1])
+                if t.numel():           # no q row: target-only rule, as in target_only mode
+                    picked[s[t]] = sample_categorical(probs[t], coins[srows[t], DRAW_COIN])
                 r = has_q.nonzero().squeeze(1)
                 if r.numel():
                     rs, rrows = s[r], srows[r]
@@ -396,11 +450,11 @@ def accept(
                         q_all[q_index[rrows]].to(torch.float64),
                         layout.children[rrows],
                         layout.tokens,
-                        coins[:, 0],
+                        coins[:, ACCEPT_COIN],
                         replacement,
                         draws,
                     )
-                    correction = sample_categorical(residual, coins[rrows, 1])
+                    correction = sample_categorical(residual, coins[rrows, DRAW_COIN])
                     picked[rs] = torch.where(child >= 0, layout.tokens[child.clamp(min=0)],
                                              correction)
                     chosen[rs] = child

@@ -62,7 +62,8 @@ def recursive_rejection(
 
     p: float64 [A, V], normalised target rows of the current nodes; q: float64 [A, V], the draft
     rows (any positive scale; normalised here); kids: [A, C] global child rows (-1 pad);
-    accept_coins: float64 [T], one coin per tree row (the child's).
+    accept_coins: float64 [T], one coin per tree row (the child's; column ACCEPT_COIN of the coin
+    block, coins.py: the correction is drawn with the parent's DRAW_COIN by the caller).
     Child c is accepted with probability min(1, p(c)/q(c)), tested as ``coin * q(c) < p(c)``.
     On rejection p <- normalize(max(p - q, 0)); without replacement q then drops c and
     renormalises (the law the next draw came from). With replacement, a merged child stands for
