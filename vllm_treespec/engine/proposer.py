@@ -90,6 +90,8 @@ class TreeProposer:
         self.requests: dict[str, RequestStats] = {}
         self.trees: dict[str, DraftTree] = {}
         self.draft_probs: dict[str, Any] = {}   # req id -> DraftProbs of its sampled tree (rrs)
+        # req id -> tree acceptance's own generator of a seeded request (not vLLM's; see `sample`)
+        self.generators: dict[str, torch.Generator] = {}
         self.stats = TreeStats(self.num_speculative_tokens, metrics=make_metrics(
             getattr(vllm_config.model_config, "served_model_name", None)))   # vLLM's model_name label
         self._last_verified: tuple[TreeStep | None, np.ndarray] = (None, np.zeros((0, 1), dtype=np.int64))
@@ -149,12 +151,13 @@ class TreeProposer:
     def _request_tables(self) -> tuple[dict[str, Any], ...]:
         """Every table keyed by request id that this object holds; `on_requests_finished` frees
         a request from all of them (and `tracked_requests` reports what is still held)."""
-        return (self.requests, self.trees, self.draft_probs, self._budget_given, self._reach_class)
+        return (self.requests, self.trees, self.draft_probs, self._budget_given, self._reach_class,
+                self.generators)
 
     def tracked_requests(self) -> dict[str, int]:
         """How many requests each per-request table still holds, the drafter's included (a
         leak check: after every request finished, every count is 0)."""
-        names = ("requests", "trees", "draft_probs", "budget_given", "reach_class")
+        names = ("requests", "trees", "draft_probs", "budget_given", "reach_class", "generators")
         counts = {n: len(t) for n, t in zip(names, self._request_tables())}
         if self.reach is not None:
             counts["reach"] = self.reach.tracked()
@@ -345,10 +348,15 @@ class TreeProposer:
     def sample(self, runner: Any, step: TreeStep, logits: Any,
                vllm_sample: Callable[[], Any]) -> Any:
         """vLLM's SamplerOutput for the step: every request trees can serve exactly is sampled
-        by tree acceptance (root-only trees for those without drafts), the rest by vLLM."""
+        by tree acceptance (root-only trees for those without drafts), the rest by vLLM.
+
+        Tree acceptance draws a seeded request's coins from `self.generators` (its own stream,
+        seeded like vLLM's), never from vLLM's generator, which vLLM's sampler advances in mixed
+        steps: so a seeded request samples the same tokens whatever shares its steps."""
         from vllm_treespec.engine.runner_state import (discarded_rows, kv_caches_and_layout,
                                                        request_sampling)
-        from vllm_treespec.engine.tree_verifier import GREEDY, compact, verify_step
+        from vllm_treespec.engine.tree_verifier import (GREEDY, acceptance_generators, compact,
+                                                        verify_step)
 
         from vllm.v1.outputs import SamplerOutput
 
@@ -370,12 +378,14 @@ class TreeProposer:
             if include.size == 0:
                 return out
         rows = range(step.num_reqs) if own else include.tolist()
-        params, gens = request_sampling(runner, [batch_ids[i] for i in rows])
+        ids = [batch_ids[i] for i in rows]
+        params = request_sampling(runner, ids)
         # partial prefills: their token is discarded; sample it greedily so no seeded stream moves
         discarded = discarded_rows(runner, step.num_reqs)
         if discarded.any():
             for j in np.nonzero(discarded[np.asarray(rows, dtype=np.int64)])[0].tolist():
-                params[j], gens[j] = GREEDY, None
+                params[j] = GREEDY
+        gens = acceptance_generators(self.generators, ids, params, getattr(runner, "device", "cpu"))
         tokens, result = verify_step(step, logits, params, gens, include, base,
                                      coin_rows=self.num_speculative_tokens + 1)
         accepted_at = time.perf_counter()

@@ -20,10 +20,11 @@ def discarded_rows(runner: Any, num_reqs: int) -> np.ndarray:
     return np.asarray(mask.np[:num_reqs], dtype=bool)
 
 
-def request_sampling(runner: Any, req_ids: Sequence[str]) -> tuple[list[Any], list[torch.Generator | None]]:
-    """SamplingParams and seeded generator (None = unseeded) of each request."""
-    states = [runner.requests[r] for r in req_ids]
-    return [s.sampling_params for s in states], [s.generator for s in states]
+def request_sampling(runner: Any, req_ids: Sequence[str]) -> list[Any]:
+    """SamplingParams of each request. Its generator (`CachedRequestState.generator`) is not
+    read: it is vLLM's sampler's, which may advance it in the same step; tree acceptance keeps
+    its own (engine/tree_verifier.acceptance_generators)."""
+    return [runner.requests[r].sampling_params for r in req_ids]
 
 
 def step_slot_mapping(runner: Any, rows: torch.Tensor) -> torch.Tensor:

@@ -6,8 +6,7 @@ Called by the `_sample` patch every step. Two modes:
   (requests without drafts are root-only trees) and vLLM's sampler does not run at all;
 - mixed: some request needs vLLM's sampler (logprobs, penalties, ...; those have no drafts),
   so vLLM's sampler runs as usual and the rows of every other request (with or without
-  drafts) are then replaced by acceptance over their trees; a seeded request is thus always
-  sampled the same way, whatever its batch.
+  drafts) are then replaced by acceptance over their trees.
 Output is vLLM's layout: int64 [num_reqs, max_num_draft + 1], accepted tokens then the bonus
 token, padded with -1, so the scheduler's rollback and `parse_output` work unchanged.
 
@@ -17,11 +16,20 @@ step runs. Requests whose path is the node prefix 1..a move nothing.
 
 Sampling: greedy requests (temperature < 1e-5) take the argmax; others use the
 ``target_only`` rule, which emits exact samples of the target distribution for trees whose
-shape does not depend on this step's random numbers (top-k trees), with each request's own
-seeded generator when it has one. Nodes whose children were drawn from a drafter's q (the step
-carries their q rows, `TreeStep.q_rows`) are verified by recursive rejection sampling without
-replacement instead, node by node in the same acceptance call (verify/accept.py, compact
-``draft_rows``).
+shape does not depend on this step's random numbers (top-k trees). Nodes whose children were
+drawn from a drafter's q (the step carries their q rows, `TreeStep.q_rows`) are verified by
+recursive rejection sampling without replacement instead, node by node in the same acceptance
+call (verify/accept.py, compact ``draft_rows``).
+
+Seeded requests: a seeded request's tokens depend on its own prompt, seed and trees only, never
+on its batch. Two things make it so. (1) Acceptance draws the same coin block per request in
+every mode (verify/coins.py), so a neighbour with sampled drafts (the batch then runs in "rrs"
+mode) or a greedy neighbour changes nothing. (2) Acceptance draws from the plugin's own
+generator per seeded request (`acceptance_generators`), seeded as vLLM seeds its own, never
+from vLLM's (`CachedRequestState.generator`): in a mixed step vLLM's sampler first samples the
+whole batch, ours included, and advances vLLM's generators, which would shift the coins of any
+request that happened to share a step with, say, a logprobs request. vLLM's generator stays
+vLLM's: it samples the steps in which vLLM serves the request (e.g. while min_tokens is pending).
 """
 from __future__ import annotations
 
@@ -36,7 +44,7 @@ from vllm_treespec.engine.tree_step import local_index
 from vllm_treespec.verify import SAMPLING_EPS, SamplingParamsBatch, accept
 from vllm_treespec.verify.kv_compaction import accepted_local_moves, compact_kv
 
-__all__ = ["verify_step", "accepted_moves", "compact"]
+__all__ = ["acceptance_generators", "verify_step", "accepted_moves", "compact"]
 
 @dataclass(frozen=True)
 class _Greedy:
@@ -73,6 +81,32 @@ def greedy_walk(offsets: torch.Tensor, tokens: torch.Tensor, parents: torch.Tens
     emitted, nodes, _ = native().greedy_tree_walk(offsets.numpy(), tokens.numpy(), parents.numpy(),
                                                   target.cpu().numpy(), width)
     return Walk(torch.from_numpy(emitted), torch.from_numpy(nodes))
+
+
+def acceptance_generators(table: dict[str, torch.Generator], req_ids: Sequence[str],
+                          params: Sequence[Any], device: torch.device | str = "cpu"
+                          ) -> list[torch.Generator | None]:
+    """Tree acceptance's generator for each request: the plugin's own for a seeded sampled
+    request, None (torch's default stream, like vLLM for unseeded requests) otherwise.
+
+    table (req id -> generator) is the proposer's: a generator is created on the request's first
+    use, seeded exactly as vLLM 0.32's model runner seeds its own for a RANDOM_SEED request
+    (`torch.Generator(device=runner.device).manual_seed(seed)`, gpu_model_runner
+    `_update_states`), and freed when the request finishes. Being separate from vLLM's, it moves
+    only when tree acceptance samples this request, so its state (and the request's tokens)
+    never depends on whether vLLM's sampler also ran in the step (module docstring)."""
+    gens: list[torch.Generator | None] = []
+    for req_id, p in zip(req_ids, params):
+        seed = getattr(p, "seed", None)
+        if seed is None or float(p.temperature) < SAMPLING_EPS:
+            gens.append(None)          # greedy (no coins) or unseeded (no reproducibility asked)
+            continue
+        g = table.get(req_id)
+        if g is None:
+            g = table[req_id] = torch.Generator(device=device)
+            g.manual_seed(int(seed))
+        gens.append(g)
+    return gens
 
 
 def _layout(step: TreeStep, include: np.ndarray | None) -> tuple[Any, ...]:
@@ -121,8 +155,10 @@ def verify_step(step: TreeStep, logits: torch.Tensor, params: Sequence[Any],
     """Sampled token ids [num_reqs, W] and the acceptance result (one row per verified request).
 
     include: sorted batch rows verified here (None = all; then base is None); params /
-    generators: one per verified request; base: vLLM's sampler output whose other rows are kept;
-    coin_rows: fixed coin block per seeded request (see verify/coins.py).
+    generators: one per verified request (the engine passes `acceptance_generators`, not vLLM's);
+    base: vLLM's sampler output whose other rows are kept; coin_rows: fixed coin block per seeded
+    request (see verify/coins.py). The mode ("rrs" as soon as one node has a q row) does not
+    change any request's coins or the tokens of nodes without q rows (verify/coins.py).
     """
     offsets, tokens, parents, depth, logit_rows, q_rows = _layout(step, include)
     node_logits = logits if logit_rows is None else logits[logit_rows]
