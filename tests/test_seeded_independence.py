@@ -66,7 +66,8 @@ def _step(batch: list[tuple[str, DraftTree | None, DraftProbs | None]]):
 
 def _verify(batch, logits: list[torch.Tensor], params: list, vllm_rows: tuple[int, ...] = ()):
     """Sample one step as TreeProposer.sample does; rows in vllm_rows are vLLM's (mixed step).
-    Returns (token ids per request, the acceptance generator table)."""
+    Returns (token ids per request, the step plan, the acceptance generator table). A root-only
+    request alone takes accept()'s root-only path, next to drafted requests the full walk."""
     step = _step(batch)
     ids = [r for r, _, _ in batch]
     table: dict[str, torch.Generator] = {}

@@ -22,10 +22,10 @@ Modes, for requests with temperature >= 1e-5 (requests below it are always greed
   scheduler does): each node then keeps its first k draws, k fixed by the other nodes, which is
   lossless. With replacement it may not: repeats are merged into one sibling standing for
   ``num_draws`` draws, and a cut keeps the draws before the first draw of a NEW token, a set
-  chosen by the values of the draws themselves (the kept draws are no longer i.i.d. from q; the
-  emitted law is off by a total variation of a few percent). So ``replacement=True`` needs
-  ``node_draws`` (the draws each node made) and rejects a tree whose children do not account
-  for all of them, which is what a cut leaves.
+  chosen by the values of the draws themselves: the kept draws are no longer i.i.d. from q and
+  the emitted law is biased (tests/test_verify_lossless.py shows it). So ``replacement=True``
+  needs ``node_draws`` (the draws each node made) and rejects a tree whose children do not
+  account for all of them, which is what a cut leaves.
   With ``draft_rows`` (compact form), ``draft_probs`` holds only the rows that exist and
   ``draft_rows[u]`` says which one is u's (-1 = none): a node without a q row is verified with
   the target-only rule, which is exact for any children not chosen with this step's coins. So
