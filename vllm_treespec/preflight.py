@@ -537,13 +537,12 @@ def _registry_fixture_dir(name: str) -> tuple[Path, bool]:
 
 
 def _model_fixture(key: str, name: str, what: str, names: list[str]) -> tuple[Path, bool]:
-    """A model or head fixture named in the config: a known name, then its cache directory."""
-    from vllm_treespec.fixtures.registry import FIXTURES
-
-    if name not in FIXTURES:
+    """A model or head fixture named in the config: one of `names` (the registry's fixtures of
+    that kind), then its cache directory."""
+    if name not in names:
         raise PreflightError(EXIT_CONFIG, key, (
-            f"unknown fixture {FIXTURE_PREFIX + name!r}{did_you_mean(name, names)}; {what} fixtures are "
-            f"{', '.join(FIXTURE_PREFIX + n for n in names) or 'none'}; or give a directory"))
+            f"{FIXTURE_PREFIX + name!r} is not a {what} fixture{did_you_mean(name, names)}; {what} fixtures "
+            f"are {', '.join(FIXTURE_PREFIX + n for n in names) or 'none'}; or give a directory"))
     return _registry_fixture_dir(name)
 
 
@@ -568,10 +567,7 @@ def _check_head(key: str, spec: str, kind: str, served: _Served) -> str:
         name = spec[len(FIXTURE_PREFIX):]
         heads = sorted(n for n, (recipe, _) in FIXTURES.items() if "head" in recipe)
         d, cached = _model_fixture(key, name, "head", heads)
-        head_recipe = FIXTURES[name][0].get("head")
-        if head_recipe is None:
-            raise PreflightError(EXIT_CONFIG, key, f"{spec} is not a head fixture; use one of "
-                                                   f"{', '.join(FIXTURE_PREFIX + n for n in heads)}")
+        head_recipe = FIXTURES[name][0]["head"]
         if head_recipe["kind"] != kind:
             raise PreflightError(EXIT_CONFIG, key, f"{spec} is a {head_recipe['kind']} head; set drafter.type: "
                                                    f"{head_recipe['kind']} or use a {kind} head fixture")
