@@ -1,0 +1,102 @@
+"""The built wheel is what an operator installs: it must carry the presets and serve from
+outside the checkout.
+
+One module-scoped build (`pip wheel --no-deps`, compiling the C++ extension: about a minute on
+the 2-core VM), installed with `pip install --no-deps --target` into an empty directory; every
+check then runs in a directory outside the checkout with only that directory in front of
+site-packages (vLLM and torch come from the environment, as they would beside a real install).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    wheels = tmp_path_factory.mktemp("wheels")
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                            "--disable-pip-version-check", "-q", "-w", str(wheels), str(ROOT)],
+                           capture_output=True, text=True, timeout=1200)
+    assert build.returncode == 0, build.stderr[-3000:]
+    (wheel,) = wheels.glob("vllm_treespec-*.whl")
+    target = tmp_path_factory.mktemp("site")
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check",
+                              "-q", "--target", str(target), str(wheel)], capture_output=True, text=True,
+                             timeout=600)
+    assert install.returncode == 0, install.stderr[-3000:]
+    return target
+
+
+def _outside(installed: Path, tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python ARGS` from a directory outside the checkout, the wheel's install first on the path."""
+    env = {**os.environ, "PYTHONPATH": str(installed)}
+    return subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_the_wheel_is_imported_not_the_checkout(installed, tmp_path):
+    out = _outside(installed, tmp_path, "-c", "import vllm_treespec, vllm_treespec._C, vllm_treespec.kernels; "
+                                              "print(vllm_treespec.__file__)")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert Path(out.stdout.strip()).is_relative_to(installed)
+
+
+def test_every_shipped_preset_resolves_from_the_wheel(installed, tmp_path):
+    """Production presets load or fail naming the file they need; demo presets load; every
+    preset file of the checkout is in the wheel."""
+    script = """
+import json
+from vllm_treespec.config import ConfigError, load_config
+from vllm_treespec.presets import budget_presets, configs_dir, demo_presets, drafter_presets
+out = {"dir": str(configs_dir()), "ok": [], "needs_file": [], "budgets": budget_presets()}
+for name in drafter_presets() + demo_presets():
+    try:
+        load_config(name, 64)
+        out["ok"].append(name)
+    except ConfigError as e:
+        assert "required key is missing" in str(e) and '"preset": "' + name + '"' in str(e), str(e)
+        out["needs_file"].append(name)
+print(json.dumps(out))
+"""
+    out = _outside(installed, tmp_path, "-c", script)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert Path(got["dir"]).is_relative_to(installed)
+    shipped = ROOT / "vllm_treespec" / "configs"
+    assert sorted(got["ok"] + got["needs_file"]) == sorted(
+        [p.stem for p in (shipped / "drafters").glob("*.yaml")] + [f"demo/{p.stem}" for p in (shipped / "demo").glob("*.yaml")])
+    assert {"prompt-lookup", "prompt-lookup-tree"} <= set(got["ok"])
+    assert all(n.startswith("demo/") for n in got["ok"] if n not in ("prompt-lookup", "prompt-lookup-tree"))
+    assert got["budgets"] == sorted(p.stem for p in (shipped / "budgets").glob("*.yaml"))
+
+
+def test_cli_from_the_wheel_checks_a_preset(installed, tmp_path):
+    out = _outside(installed, tmp_path, "-m", "vllm_treespec", "config", "check", "prompt-lookup")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert str(installed) in out.stdout                      # the preset file came from the wheel
+    out = _outside(installed, tmp_path, "-m", "vllm_treespec", "config", "check", "lookup-trie")
+    assert out.returncode == 3 and "vllm-treespec ngram build" in out.stderr
+
+
+@pytest.mark.e2e
+def test_wheel_serves_prompt_lookup_from_outside_the_checkout(installed, tmp_path, monkeypatch, tiny_model):
+    from vllm_treespec.serving import complete, serve
+    from vllm_treespec.comparison import treespec
+
+    monkeypatch.chdir(tmp_path)
+    with serve(tiny_model, treespec(4, "prompt-lookup").args, env={"PYTHONPATH": str(installed)},
+               keep_log=True) as server:
+        done = complete(server.base_url, server.model, "def add(a, b):\n    return", max_tokens=8)
+        log = server.log_path.read_text()
+    assert done.token_ids, "no tokens served"
+    assert "TreeProposer: drafter=prompt_lookup" in log
+    assert f"config={installed}" in log                  # the worker read the wheel's preset
