@@ -404,3 +404,12 @@ def test_unreadable_trie(tmp_path, good_trie):
     bad.chmod(0)
     e = _fails(_trie_config(bad))
     assert e.code == EXIT_FILE and "cannot be read" in str(e) and "chmod a+r" in str(e)
+
+
+def test_report_failure_prints_the_message_and_keeps_bugs_loud(capsys):
+    from vllm_treespec.preflight import EXIT_CONFIG, report_failure
+
+    assert report_failure(ConfigError("drafter.k: 0 is out of range"), "invalid") == EXIT_CONFIG
+    assert capsys.readouterr().err == "invalid: drafter.k: 0 is out of range\n"
+    with pytest.raises(ZeroDivisionError):
+        report_failure(ZeroDivisionError("a bug"), "invalid")

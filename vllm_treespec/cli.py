@@ -30,7 +30,7 @@ def cmd_fixtures(ns: argparse.Namespace) -> int:
 
 def cmd_config(ns: argparse.Namespace) -> int:
     from vllm_treespec.config import config_reference, load_config
-    from vllm_treespec.preflight import EXIT_INTERNAL, EXIT_USAGE, check_deployment, exit_code
+    from vllm_treespec.preflight import EXIT_USAGE, check_deployment, report_failure
 
     if ns.action == "reference":
         print(config_reference())
@@ -50,11 +50,7 @@ def cmd_config(ns: argparse.Namespace) -> int:
             return 0
         checked = check_deployment(cfg, ns.model, num_speculative_tokens=ns.num_speculative_tokens)
     except Exception as e:                                  # noqa: BLE001 - mapped to an exit code
-        code = exit_code(e)
-        if code == EXIT_INTERNAL:                           # a bug: keep the traceback
-            raise
-        print(f"invalid: {e}", file=sys.stderr)
-        return code
+        return report_failure(e, "invalid")
     for line in checked:
         print(f"checked {line}")
     print(f"valid: {cfg.source}")

@@ -77,7 +77,7 @@ def check_before_start(parsed: argparse.Namespace) -> list[str]:
 
 def cmd_serve(args: list[str]) -> int:
     """Run vLLM's `serve` subcommand with `args` (MODEL first, then vLLM flags)."""
-    from vllm_treespec.preflight import EXIT_INTERNAL, exit_code
+    from vllm_treespec.preflight import report_failure
 
     share_worker_metrics()
     from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
@@ -90,11 +90,7 @@ def cmd_serve(args: list[str]) -> int:
         for line in check_before_start(parsed):
             print(f"vllm-treespec serve: checked {line}", file=sys.stderr)
     except Exception as e:                                # noqa: BLE001 - mapped to an exit code
-        code = exit_code(e)
-        if code == EXIT_INTERNAL:                         # a bug: keep the traceback
-            raise
-        print(f"vllm-treespec serve: {e}", file=sys.stderr)
-        return code
+        return report_failure(e, "vllm-treespec serve")
     configure_logging_from_args(parsed)
     commands["serve"].validate(parsed)
     parsed.dispatch_function(parsed)

@@ -100,7 +100,7 @@ if TYPE_CHECKING:
     from vllm_treespec.config import TreespecConfig
 
 __all__ = ["EXIT_OK", "EXIT_INTERNAL", "EXIT_USAGE", "EXIT_CONFIG", "EXIT_FILE", "EXIT_MODEL", "EXIT_VLLM",
-           "PreflightError", "check_deployment", "exit_code", "installed_vllm", "VLLM_DISTRIBUTIONS"]
+           "PreflightError", "check_deployment", "exit_code", "report_failure", "installed_vllm", "VLLM_DISTRIBUTIONS"]
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1     # an unexpected exception: a bug, not a deployment problem
@@ -163,6 +163,17 @@ def exit_code(exc: BaseException) -> int:
     if isinstance(exc, (FileNotFoundError, IsADirectoryError, PermissionError)):
         return EXIT_FILE
     return EXIT_INTERNAL
+
+
+def report_failure(exc: BaseException, prefix: str) -> int:
+    """Print `exc` as `PREFIX: message` on stderr and return its exit code; an unexpected
+    exception (EXIT_INTERNAL, a bug) is re-raised so its traceback is kept. What `config check`
+    and `serve` both do with a failed check."""
+    code = exit_code(exc)
+    if code == EXIT_INTERNAL:
+        raise exc
+    print(f"{prefix}: {exc}", file=sys.stderr)
+    return code
 
 
 # ---------------------------------------------------------------------------- the dry run
