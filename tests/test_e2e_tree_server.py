@@ -1,7 +1,7 @@
 """Tree speculation through the OpenAI server (`vllm-treespec serve`): greedy outputs equal a
 server without speculation at concurrency 8, requests aborted mid-stream leave the server
 healthy and later outputs unchanged, and the tree series reach /metrics consistently with
-vLLM's own spec-decode counters."""
+vLLM's own spec-decode counters and labelled with the same model_name."""
 from __future__ import annotations
 
 import http.client
@@ -21,6 +21,10 @@ K = 16
 TREE_ARGS = ("--speculative-config", json.dumps({"model": "vllm_treespec.TreeProposer", "num_speculative_tokens": K}),
              "--additional-config", json.dumps({"treespec": "prompt-lookup-tree"}))
 PROMPTS = held_out_prompts(16, 400, seed=21)
+TREE_SAMPLES = ("treespec_tree_nodes_count", "treespec_accepted_depth_sum", "treespec_draft_seconds_count",
+                "treespec_verify_seconds_count", "treespec_budget_nodes_count",
+                "treespec_budget_chosen_nodes",
+                "treespec_reach_cap_nodes")         # prompt-lookup-tree sets budget.reach_floor
 
 
 def _abort_mid_stream(base_url: str, model: str, prompt: str, chunks: int = 3) -> int:
@@ -41,14 +45,17 @@ def _abort_mid_stream(base_url: str, model: str, prompt: str, chunks: int = 3) -
     return seen
 
 
-def _metric_sums(base_url: str) -> dict[str, float]:
+def _metric_sums(base_url: str) -> tuple[dict[str, float], dict[str, set[str]]]:
+    """Each series summed over its labels, and the model_name values seen on each series."""
     text = urllib.request.urlopen(base_url + "/metrics", timeout=10).read().decode()
     sums: dict[str, float] = {}
+    models: dict[str, set[str]] = {}
     for line in text.splitlines():
         m = re.match(r"^([a-zA-Z_:]+)(\{[^}]*\})? ([0-9.eE+-]+)$", line)
         if m:
             sums[m.group(1)] = sums.get(m.group(1), 0.0) + float(m.group(3))
-    return sums
+            models.setdefault(m.group(1), set()).update(re.findall(r'model_name="([^"]*)"', m.group(2) or ""))
+    return sums, models
 
 
 @pytest.fixture(scope="module")
@@ -60,13 +67,14 @@ def served(code_lm_model):
         with serve(code_lm_model, args) as server:
             first = run_load(server, PROMPTS, max_tokens=48, concurrency=8)
             time.sleep(1.0)   # the last step's stats reach the API server after its outputs
-            metrics = _metric_sums(server.base_url)     # before the aborts: both sides complete
+            metrics, models = _metric_sums(server.base_url)   # before the aborts: both sides complete
             aborted = [_abort_mid_stream(server.base_url, server.model, p) for p in PROMPTS[:4]]
             second = run_load(server, PROMPTS, max_tokens=48, concurrency=8)
             health = urllib.request.urlopen(server.base_url + "/health", timeout=10).status
         results[name] = dict(first=[r.output_key() for r in first.requests],
                              second=[r.output_key() for r in second.requests],
-                             aborted=aborted, metrics=metrics, health=health)
+                             aborted=aborted, metrics=metrics, models=models, model=server.model,
+                             health=health)
     return results
 
 
@@ -83,13 +91,19 @@ def test_aborted_streams_leave_server_healthy_and_outputs_unchanged(served):
 
 def test_tree_series_on_metrics_agree_with_vllm_counters(served):
     m = served["tree"]["metrics"]
-    for name in ("treespec_tree_nodes_count", "treespec_accepted_depth_sum", "treespec_draft_seconds_count",
-                 "treespec_verify_seconds_count", "treespec_budget_nodes_count",
-                 "treespec_budget_chosen_nodes",
-                 "treespec_reach_cap_nodes"):         # prompt-lookup-tree sets budget.reach_floor
+    for name in TREE_SAMPLES:
         assert m.get(name, 0) > 0, f"{name} missing from /metrics"
     # accepted = path lengths on both sides; vLLM's drafted also counts its own -1 padding drafts
     assert m["treespec_accepted_depth_sum"] == m["vllm:spec_decode_num_accepted_tokens_total"]
     assert m["treespec_tree_nodes_sum"] <= m["vllm:spec_decode_num_draft_tokens_total"]
     assert m["treespec_accepted_depth_sum"] <= m["treespec_tree_nodes_sum"]
     assert "treespec_tree_nodes_count" not in served["off"]["metrics"]
+
+
+def test_every_tree_series_is_labelled_with_the_served_model_like_vllms(served):
+    tree = served["tree"]
+    names = [n for n in tree["models"] if n.startswith("treespec_")]
+    assert set(TREE_SAMPLES) <= set(names)
+    for name in names:
+        assert tree["models"][name] == {tree["model"]}, f"{name}: {tree['models'][name]}"
+    assert tree["models"]["vllm:spec_decode_num_accepted_tokens_total"] == {tree["model"]}
