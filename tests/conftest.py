@@ -48,6 +48,23 @@ def code_lm_distilled_trie(code_lm_model) -> Path:
     return build_trie_fixture("code-lm-distill-5gram", code_lm_model)
 
 
+@pytest.fixture(scope="session")
+def noisy_draft(tiny_vocab_model, tmp_path_factory) -> Path:
+    """The tiny-vocab target with noisy weights, as a draft model: close enough that many of its
+    draws are accepted, different enough that rejections and residual draws happen at every
+    depth (sampled-drafting tests)."""
+    from transformers import Qwen3ForCausalLM
+
+    model = Qwen3ForCausalLM.from_pretrained(str(tiny_vocab_model), torch_dtype=torch.float32)
+    gen = torch.Generator().manual_seed(17)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.5 * p.std().clamp(min=1e-3))
+    out = tmp_path_factory.mktemp("noisy-draft")
+    model.save_pretrained(str(out), safe_serialization=True)
+    return out
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Thousands of tiny tensor ops: on a shared 2-core host, OpenMP spin-waits make them ~20x

@@ -15,7 +15,6 @@ which can change a sampled draw (drafters/draft_sampling.py says so).
 from __future__ import annotations
 
 import pytest
-import torch
 
 from e2e import run_engine, spec_config
 from sampled_cases import CASES, ENGINE, PROMPT, check_distribution, phases
@@ -25,20 +24,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 SHAPES = {"template": {"builder": "static", "template": [3, 2, 1]},      # noisy draft
           "dynatree": {"builder": "threshold", "branch": 2, "max_depth": 4, "tau": 0.05},  # noisy
           "chain": {"builder": "chain", "max_depth": 4}}                   # the target itself
-
-
-@pytest.fixture(scope="module")
-def noisy_draft(tiny_vocab_model, tmp_path_factory):
-    from transformers import Qwen3ForCausalLM
-
-    model = Qwen3ForCausalLM.from_pretrained(str(tiny_vocab_model), torch_dtype=torch.float32)
-    gen = torch.Generator().manual_seed(17)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * 0.5 * p.std().clamp(min=1e-3))
-    out = tmp_path_factory.mktemp("noisy-draft")
-    model.save_pretrained(str(out), safe_serialization=True)
-    return out
 
 
 def _spec(draft, shape: str) -> dict:

@@ -26,7 +26,6 @@ by load.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from e2e import run_engine, spec_config
 from sampled_cases import ENGINE, PROMPT
@@ -93,22 +92,6 @@ def _check(result: dict) -> None:
 def test_prompt_lookup_seeded_requests_ignore_their_batch(tiny_vocab_model):
     _check(run_engine(tiny_vocab_model, {**ENGINE, **PROMPT_LOOKUP}, _phases(1, _mixed_neighbour),
                       inspect_proposer=True))
-
-
-@pytest.fixture(scope="module")
-def noisy_draft(tiny_vocab_model, tmp_path_factory):
-    """The target with noisy weights (as in test_e2e_draft_sampling.py): drafts that are often
-    but not always accepted."""
-    from transformers import Qwen3ForCausalLM
-
-    model = Qwen3ForCausalLM.from_pretrained(str(tiny_vocab_model), torch_dtype=torch.float32)
-    gen = torch.Generator().manual_seed(17)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * 0.5 * p.std().clamp(min=1e-3))
-    out = tmp_path_factory.mktemp("noisy-draft")
-    model.save_pretrained(str(out), safe_serialization=True)
-    return out
 
 
 def test_sampled_draft_seeded_requests_ignore_their_batch(tiny_vocab_model, noisy_draft):
