@@ -90,9 +90,9 @@ TREE_FAMILIES = {   # --tree-configs name -> (preset or inline config, label)
     # default set, name it in --tree-configs)
     "lookup-trie-distilled": ("demo/lookup-trie-distilled", None),
     # lookup-trie with drafter.min_path_prob: no node whose path the drafter rates below it
-    "lookup-trie-floor": ({"drafter": {"type": "lookup_trie", "min_path_prob": 0.01},
+    "lookup-trie-floor": ({"drafter": {"type": "lookup_trie", "path": "fixture:stdlib-3gram", "min_path_prob": 0.01},
                            "tree": {"builder": "chain", "max_depth": 16}}, "lookup-trie-p0.01"),
-    "lookup-trie-tree-floor": ({"drafter": {"type": "lookup_trie", "min_path_prob": 0.03},
+    "lookup-trie-tree-floor": ({"drafter": {"type": "lookup_trie", "path": "fixture:stdlib-3gram", "min_path_prob": 0.03},
                                 "tree": {"builder": "best_first", "max_depth": 16}}, "lookup-trie-tree-p0.03"),
     "ngram-trie": ("demo/ngram-trie", None),
     "ngram-trie-tree": ("demo/ngram-trie-tree", None),

@@ -39,7 +39,7 @@ TREES = {  # name -> (num_speculative_tokens = most nodes per tree, deployment c
     "lookup-trie-16": (16, LOOKUP_TRIE_TREE),
     # drafter.min_path_prob: trees cut where the drafter's own path probability gets low
     "lookup-trie-floor-16": (16, {**LOOKUP_TRIE_TREE,
-                                  "drafter": {"type": "lookup_trie", "min_path_prob": 0.03}}),
+                                  "drafter": {"type": "lookup_trie", "path": "fixture:stdlib-3gram", "min_path_prob": 0.03}}),
     # the self-distilled trie (the code-LM's own continuations): deep, confident trees
     "lookup-trie-distilled-16": (16, {**LOOKUP_TRIE_TREE,
                                       "drafter": {"type": "lookup_trie", "path": "fixture:code-lm-distill-5gram"}}),
