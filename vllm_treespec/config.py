@@ -17,7 +17,7 @@ from typing import Any, Literal, Mapping
 
 import yaml
 
-from vllm_treespec.presets import (PRESET_KEY, budget_presets, configs_dir, expand_preset,
+from vllm_treespec.presets import (budget_presets, configs_dir, expand_preset,
                                    resolve_budget_path, resolve_config_path)
 from vllm_treespec.schema import ConfigError, did_you_mean, parse_section, reference_rows, spec, to_dict
 
@@ -711,7 +711,7 @@ def load_config(source: str | Mapping[str, Any] | None,
 def _with_preset_name(message: str, files: list[str]) -> str:
     """Name the production preset in a missing-file hint (`"preset": "PRESET"`), or, for a config
     that is not one, say to set the key in it."""
-    shipped = configs_dir() / "drafters"
+    shipped = CONFIGS_DIR / "drafters"
     names = [Path(f).stem for f in files if Path(f).parent == shipped]
     if names:
         return message.replace('"preset": "PRESET"', f'"preset": "{names[-1]}"')
