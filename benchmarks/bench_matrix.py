@@ -1,0 +1,628 @@
+"""Regime matrix: speculative configs vs no speculation at every temperature x concurrency.
+
+The same model behind one OpenAI server per config (`vllm-treespec serve`, vLLM's default dtype,
+i.e. bf16 for the float32 fixtures on this CPU; `--enforce-eager --max-model-len 1024`), and for
+every regime {greedy, T=0.7, T=1.0} x {1, 8, 32 concurrent clients} the tokens/s of each config
+as a ratio to `off` (speculation off) measured in the same cell. Prompts are UNSEEN code:
+function heads (signature + docstring) of third-party packages in site-packages
+(`benchmarks/unseen_prompts.py`), never the stdlib the fixture models were trained on; every
+request emits exactly --max-tokens tokens (`ignore_eos`).
+
+    .venv/bin/python benchmarks/bench_matrix.py                      # code-lm, the default configs, 1 round
+    .venv/bin/python benchmarks/bench_matrix.py --rounds 3           # median-round ratios
+    .venv/bin/python benchmarks/bench_matrix.py --configs off ngram:12 default:8 prompt-lookup-tree:16
+    .venv/bin/python benchmarks/bench_matrix.py --fixture tiny --configs off ngram:4 default:4 \
+        --num-prompts 8 --max-tokens 16 --concurrency 1 8 --temperatures 0 0.7 --output /tmp/m.json
+
+Configs (--configs): `off`; `ngram:K` (vLLM's ngram, n-gram range 1..4); `suffix:K` (vLLM's
+SuffixDecoding, needs the arctic-inference package: benchmarks/install_suffix.sh); `default:K`
+(treespec with no `treespec` key in --additional-config: the plugin's default preset);
+`PRESET:K` (treespec with that preset name, YAML path or inline JSON mapping, e.g.
+`demo/lookup-trie-distilled:32`). `off` is always served (added first when not named).
+
+Fairness on a 2-core machine. All servers start up front (one after the other, ~2.5 GB RSS
+each: the free memory is checked first), get a short warm-up, then TAKE TURNS: in each regime
+cell the prompts are split into batches of max(8, 2 x concurrency) (at most all of them) and
+every server runs each batch in turn, the order rotating by one from batch to batch (the
+rotation runs on across cells and rounds), with an idle gap (--idle-gap, 1.5 s) after every
+turn. The gap is there because an idle vLLM server is not idle right after it served: its
+shared-memory broadcast readers (vllm/distributed/device_communicators/shm_broadcast.py,
+SpinCondition, busy_loop_s=1) keep spinning for 1 s after their last read and would steal the
+next server's cores. Each turn is timed; a config's tokens/s in a cell is its output tokens over
+its summed turn seconds, so machine drift hits every config of a batch alike. --rounds N repeats
+the matrix; the reported ratio is the median round's (the lower middle for an even N), every
+round's numbers are kept.
+
+Each (round, cell) gets its own prompts by default (--shared-prompts: one set everywhere). Two
+reasons: SuffixDecoding caches past responses in a global tree (up to 10000 requests) and would
+be served prompts it has already answered in greedy cells, and vLLM's prefix cache would skip
+repeated prefills for every config.
+
+Per cell the record also keeps tau / acceptance (spec-decode counters on /metrics, scraped before
+and after the cell), and in greedy cells output equality with `off` (token ids). Every greedy
+mismatch is explained: at the first differing token the `off` server is asked (the prompt's
+token ids + the common prefix as a token-id prompt, so no retokenization; max_tokens 1) for its
+top-2 logprobs and the logprobs of both diverging tokens; a bf16 near-tie shows as a small gap.
+
+Writes `benchmarks/results/bench_matrix_<fixture>.json` (or --output) and a heatmap PNG of the
+ratios beside it, and prints the ratio table in markdown.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import re
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+_HERE = Path(__file__).resolve().parent
+if str(_HERE) not in sys.path:              # unseen_prompts, bench_serving (also when imported by tests)
+    sys.path.insert(0, str(_HERE))
+
+RESULTS_DIR = _HERE / "results"
+DEFAULT_CONFIGS = ["off", "ngram:12", "suffix:24", "default:8", "demo/lookup-trie-distilled:32"]
+SERVER_GIB = 3.2            # RSS of one server (API server + engine core + worker): 2.9-3.0 GB measured on tiny
+WARMUP_MAX_TOKENS = 16
+BASELINE = "off"
+SPEC_FORMS = ("expected off, ngram:K, suffix:K, default:K or PRESET:K (PRESET a preset name, "
+              "YAML path or inline JSON mapping; K a positive integer)")
+
+
+# -- configs (pure) --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MatrixConfig:
+    spec: str                   # as given on the command line
+    label: str                  # table column
+    kind: str                   # off | ngram | suffix | treespec
+    k: int | None
+    args: tuple[str, ...]       # extra `serve` flags
+    engine_kwargs: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+def parse_config(spec: str) -> MatrixConfig:
+    """One --configs entry. ValueError (with the accepted forms) for a malformed one; a treespec
+    config that does not load is checked by `check_config`."""
+    from vllm_treespec.comparison import (ngram_engine_kwargs, no_spec, treespec, treespec_engine_kwargs,
+                                          treespec_value, vllm_ngram)
+
+    spec = spec.strip()
+    if spec == "off":
+        return MatrixConfig(spec, "off", "off", None, no_spec().args)
+    name, sep, k_text = spec.rpartition(":")
+    if not sep or not name.strip():
+        raise ValueError(f"config {spec!r}: {SPEC_FORMS}")
+    if not k_text.strip().isdigit() or int(k_text) < 1:
+        raise ValueError(f"config {spec!r}: K must be a positive integer, got {k_text!r}; {SPEC_FORMS}")
+    k, name = int(k_text), name.strip()
+    if name == "ngram":
+        return MatrixConfig(spec, f"ngram K={k}", "ngram", k, vllm_ngram(k).args, ngram_engine_kwargs(k))
+    if name == "suffix":
+        sc = {"method": "suffix", "num_speculative_tokens": k}
+        return MatrixConfig(spec, f"suffix K={k}", "suffix", k, ("--speculative-config", json.dumps(sc)),
+                            {"speculative_config": sc})
+    if name == "default":       # no treespec key at all: the plugin picks its default preset
+        sc = treespec_engine_kwargs(k)["speculative_config"]
+        return MatrixConfig(spec, f"default K={k}", "treespec", k, ("--speculative-config", json.dumps(sc)),
+                            {"speculative_config": sc})
+    try:
+        value = treespec_value(name)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"config {spec!r}: inline treespec JSON does not parse: {e}") from None
+    if not isinstance(value, (str, dict)):
+        raise ValueError(f"config {spec!r}: inline treespec JSON must be a mapping")
+    label = f"{name if isinstance(value, str) else 'inline'} K={k}"
+    return MatrixConfig(spec, label, "treespec", k, treespec(k, value).args, treespec_engine_kwargs(k, value))
+
+
+def check_config(cfg: MatrixConfig) -> None:
+    """Load a treespec config as the engine would (ConfigError, a ValueError, when it does not)."""
+    if cfg.kind != "treespec":
+        return
+    from vllm_treespec.config import from_engine_args
+
+    from_engine_args(cfg.engine_kwargs["speculative_config"], cfg.engine_kwargs.get("additional_config"))
+
+
+def parse_configs(specs: Sequence[str], check: bool = True) -> list[MatrixConfig]:
+    """--configs -> configs, `off` first (added when missing). ValueError for a bad or repeated
+    spec or two specs with the same label."""
+    configs = [parse_config(s) for s in specs]
+    if not any(c.kind == "off" for c in configs):
+        configs.insert(0, parse_config("off"))
+    configs.sort(key=lambda c: c.kind != "off")          # stable: off first, the rest as given
+    labels = [c.label for c in configs]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise ValueError(f"configs repeat {dup}: every config must be distinct")
+    if check:
+        for c in configs:
+            check_config(c)
+    return configs
+
+
+def check_suffix_available() -> None:
+    """RuntimeError unless the SuffixDecoding backend imports in this interpreter (the servers
+    run it too)."""
+    r = subprocess.run([sys.executable, "-c", "import arctic_inference.suffix_decoding"],
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["?"])[-1]
+        raise RuntimeError(f"suffix:K needs the arctic-inference package, which does not import here "
+                           f"({last}); install it with benchmarks/install_suffix.sh, or leave suffix "
+                           "out of --configs")
+
+
+def serve_args_default_dtype(args: Sequence[str]) -> tuple[str, ...]:
+    """`args` without any --dtype flag, so the server runs the model's default dtype."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == "--dtype":
+            skip = True
+        elif not a.startswith("--dtype="):
+            out.append(a)
+    return tuple(out)
+
+
+# -- schedule (pure) -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Regime:
+    temperature: float
+    concurrency: int
+
+    @property
+    def label(self) -> str:
+        t = "greedy" if self.temperature == 0 else f"T={self.temperature:g}"
+        return f"{t} c={self.concurrency}"
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def regimes(temperatures: Sequence[float], concurrencies: Sequence[int]) -> list[Regime]:
+    """Temperature-major: every concurrency of the first temperature, then the next."""
+    return [Regime(float(t), int(c)) for t in temperatures for c in concurrencies]
+
+
+def batch_size(num_prompts: int, concurrency: int) -> int:
+    return max(1, min(max(8, 2 * concurrency), num_prompts))
+
+
+def batches(num_prompts: int, concurrency: int) -> list[range]:
+    """Consecutive prompt index ranges of `batch_size` (the last may be shorter)."""
+    size = batch_size(num_prompts, concurrency)
+    return [range(i, min(i + size, num_prompts)) for i in range(0, num_prompts, size)]
+
+
+def turn_order(num_configs: int, turn: int) -> list[int]:
+    """Config indices in the order they run batch number `turn` (a rotation by `turn`)."""
+    return [(turn + j) % num_configs for j in range(num_configs)]
+
+
+# -- arithmetic (pure) -----------------------------------------------------------------------
+
+def median_index(values: Sequence[float]) -> int:
+    """Index of the median value (the lower middle for an even count)."""
+    ranked = sorted(range(len(values)), key=lambda i: values[i])
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def summarize_cell(per_round: Sequence[dict[str, tuple[int, float]]], baseline: str = BASELINE
+                   ) -> dict[str, dict[str, Any]]:
+    """per_round[r][label] = (output tokens, summed turn seconds) of one cell -> per label: every
+    round's tokens/s and ratio to `baseline` (same round), and the median round's ratio (for the
+    baseline: the median round by tokens/s)."""
+    out = {}
+    for label in per_round[0]:
+        rates = [r[label][0] / r[label][1] if r[label][1] > 0 else 0.0 for r in per_round]
+        base = [r[baseline][0] / r[baseline][1] if r[baseline][1] > 0 else 0.0 for r in per_round]
+        ratios = [x / b if b > 0 else None for x, b in zip(rates, base)]
+        if label == baseline or any(x is None for x in ratios):
+            i = median_index(rates)
+            ratio = None if label == baseline else ratios[i]
+        else:
+            i = median_index(ratios)
+            ratio = ratios[i]
+        out[label] = {"tokens_per_s": rates[i], "ratio": ratio, "median_round": i,
+                      "tokens_per_s_rounds": rates,
+                      "ratio_rounds": None if label == baseline else ratios,
+                      "output_tokens_rounds": [r[label][0] for r in per_round],
+                      "seconds_rounds": [r[label][1] for r in per_round]}
+    return out
+
+
+def pooled_tau(windows: Sequence[tuple[float, float]]) -> float | None:
+    """tau over several (drafts, accepted) windows: 1 + sum accepted / sum drafts."""
+    drafts = sum(d for d, _ in windows)
+    return 1.0 + sum(a for _, a in windows) / drafts if drafts > 0 else None
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """First position where the two sequences differ (the shorter length when one is a prefix
+    of the other), None when equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def parse_top_logprobs(top: dict[str, float]) -> list[tuple[int, float]]:
+    """A completions `top_logprobs` entry with `return_tokens_as_token_ids` ({"token_id:ID": lp})
+    -> [(id, lp)] by decreasing logprob (ties by id)."""
+    out = []
+    for key, lp in top.items():
+        if not key.startswith("token_id:"):
+            raise ValueError(f"top_logprobs key {key!r} is not token_id:ID (return_tokens_as_token_ids off?)")
+        out.append((int(key.split(":", 1)[1]), float(lp)))
+    return sorted(out, key=lambda x: (-x[1], x[0]))
+
+
+def markdown_table(cells: Sequence[dict[str, Any]], labels: Sequence[str], key: str = "ratio",
+                   fmt: str = "{:.2f}x") -> str:
+    """Regime rows x config columns (`labels`, off excluded by the caller) of one per-config
+    value of the cells; '-' where missing."""
+    lines = ["| regime | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
+    for cell in cells:
+        vals = []
+        for label in labels:
+            v = cell["configs"].get(label, {}).get(key)
+            vals.append("-" if v is None else fmt.format(v))
+        lines.append(f"| {cell['regime']} | " + " | ".join(vals) + " |")
+    return "\n".join(lines)
+
+
+# -- measuring -------------------------------------------------------------------------------
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def mem_available_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return None
+
+
+def server_rss_mib(server: Any) -> float | None:
+    """RSS of the server's process and all its children (API server, engine core, worker)."""
+    try:
+        import psutil
+
+        root = psutil.Process(server.proc.pid)
+        procs = [root, *root.children(recursive=True)]
+        return round(sum(p.memory_info().rss for p in procs) / 2**20, 1)
+    except Exception:
+        return None
+
+
+def server_dtype(server: Any) -> str | None:
+    """The dtype the engine reports in its config line (read from the server's log)."""
+    try:
+        m = re.search(r"dtype=(torch\.\w+)", server.log_path.read_text(errors="replace"))
+    except OSError:
+        return None
+    return m.group(1) if m else None
+
+
+def explain_mismatch(server: Any, prompt: str, off_ids: list[int], spec_ids: list[int]) -> dict[str, Any]:
+    """Why a greedy output left `off`'s: the `off` server's logprobs at the first difference,
+    given exactly the prompt's tokens + the common prefix (a token-id prompt)."""
+    from vllm_treespec.serving import _post_json
+
+    pos = first_difference(off_ids, spec_ids)
+    out: dict[str, Any] = {"position": pos}
+    if pos is None or pos >= min(len(off_ids), len(spec_ids)):
+        out["note"] = "outputs differ in length only"
+        return out
+    off_tok, spec_tok = off_ids[pos], spec_ids[pos]
+    out.update(off_token=off_tok, spec_token=spec_tok)
+    try:
+        prompt_ids = _post_json(server.base_url + "/tokenize", {"model": server.model, "prompt": prompt}, 60)["tokens"]
+        body = {"model": server.model, "prompt": list(prompt_ids) + list(off_ids[:pos]), "max_tokens": 1,
+                "temperature": 0.0, "ignore_eos": True, "logprobs": 2, "return_tokens_as_token_ids": True}
+        choice = _post_json(server.base_url + "/v1/completions", body, 120)["choices"][0]
+        top = parse_top_logprobs(choice["logprobs"]["top_logprobs"][0])
+        pair = _post_json(server.base_url + "/v1/completions",
+                          {**body, "logprob_token_ids": [off_tok, spec_tok]}, 120)["choices"][0]
+        lp = dict(parse_top_logprobs(pair["logprobs"]["top_logprobs"][0]))
+    except Exception as e:      # an explanation must never sink the run
+        out["error"] = f"{type(e).__name__}: {e}"[:500]
+        return out
+    out.update(top2=[[t, lp_] for t, lp_ in top[:2]],
+               top2_gap=top[0][1] - top[1][1] if len(top) > 1 else None,
+               off_token_logprob=lp.get(off_tok), spec_token_logprob=lp.get(spec_tok),
+               off_minus_spec=(lp[off_tok] - lp[spec_tok]) if off_tok in lp and spec_tok in lp else None,
+               off_argmax_reproduced=top[0][0] == off_tok)
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--fixture", default="code-lm", help="fixture model (tiny for quick checks)")
+    p.add_argument("--model-dir", default=None, help="serve this model directory instead of a fixture")
+    p.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, metavar="SPEC",
+                   help=f"{SPEC_FORMS} (default: {' '.join(DEFAULT_CONFIGS)})")
+    p.add_argument("--num-prompts", type=int, default=64, help="prompts per regime cell")
+    p.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (ignore_eos)")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7, 1.0])
+    p.add_argument("--rounds", type=int, default=1, help="repeat the matrix; report the median round's ratio")
+    p.add_argument("--idle-gap", type=float, default=1.5,
+                   help="seconds of idle after every turn (vLLM's shm readers spin 1 s after a read)")
+    p.add_argument("--seed", type=int, default=0, help="prompt sampling seed")
+    p.add_argument("--shared-prompts", action="store_true",
+                   help="the same prompts in every cell and round (default: fresh prompts per cell and round)")
+    p.add_argument("--output", type=Path, default=None,
+                   help="JSON path (default: benchmarks/results/bench_matrix_<fixture>.json); the PNG goes beside it")
+    ns = p.parse_args(argv)
+    for flag, value, low in (("--rounds", ns.rounds, 1), ("--num-prompts", ns.num_prompts, 1),
+                             ("--max-tokens", ns.max_tokens, 1), ("--concurrency", min(ns.concurrency), 1)):
+        if value < low:
+            p.error(f"{flag} must be at least {low}, got {value}")
+    if ns.idle_gap < 0 or min(ns.temperatures) < 0:
+        p.error("--idle-gap and --temperatures must be >= 0")
+    if len(set(ns.concurrency)) != len(ns.concurrency) or len(set(ns.temperatures)) != len(ns.temperatures):
+        p.error("--concurrency and --temperatures must not repeat a value")
+    try:
+        ns.matrix_configs = parse_configs(ns.configs)
+    except (ValueError, json.JSONDecodeError) as e:     # ConfigError is a ValueError
+        p.error(str(e))
+    if any(c.kind == "suffix" for c in ns.matrix_configs):
+        try:
+            check_suffix_available()
+        except RuntimeError as e:
+            p.error(str(e))
+    if ns.idle_gap < 1.0:
+        _log(f"warning: --idle-gap {ns.idle_gap} s is under vLLM's 1 s shm busy-loop; idle servers will "
+             "steal cycles from the measured one")
+    return ns
+
+
+def main(argv: list[str] | None = None) -> int:
+    from contextlib import ExitStack
+
+    from bench_serving import resolve_model
+    from unseen_prompts import build_prompts, describe, prompts_sha256
+    from vllm_treespec.fixtures.prebuild import prebuild_engine_fixtures
+    from vllm_treespec.report import hardware_info, hardware_line, software_info
+    from vllm_treespec.serving import CPU_SERVE_ARGS, run_load, scrape_spec_metrics, serve
+
+    ns = parse_args(argv)
+    configs: list[MatrixConfig] = ns.matrix_configs
+    labels = [c.label for c in configs]
+    cells_spec = regimes(ns.temperatures, ns.concurrency)
+    base_args = serve_args_default_dtype(CPU_SERVE_ARGS)
+
+    need = SERVER_GIB * len(configs)
+    avail = mem_available_gib()
+    if avail is not None and avail < need:
+        _log(f"error: {len(configs)} servers need about {need:.1f} GiB, only {avail:.1f} GiB available; "
+             "serve fewer --configs or free memory")
+        return 2
+
+    label, model_dir, meta = resolve_model(ns)
+    for c in configs:               # fixtures (tries, draft models) here, before any server starts
+        if c.kind == "treespec":
+            prebuild_engine_fixtures(c.engine_kwargs, model_dir)
+    hw = hardware_info()
+    _log(hardware_line(hw))
+
+    n_sets = 1 if ns.shared_prompts else ns.rounds * len(cells_spec)
+    n_warm = max(ns.concurrency)
+    _log(f"building {n_sets * ns.num_prompts + n_warm} unseen prompts ...")
+    pool = build_prompts(n_sets * ns.num_prompts + n_warm, seed=ns.seed)
+    warmup = [p.text for p in pool[-n_warm:]]
+    sets = [[p.text for p in pool[i * ns.num_prompts:(i + 1) * ns.num_prompts]] for i in range(n_sets)]
+    turns_total = ns.rounds * sum(len(batches(ns.num_prompts, r.concurrency)) for r in cells_spec) * len(configs)
+    _log(f"{len(configs)} configs x {len(cells_spec)} regimes x {ns.rounds} round(s): {turns_total} turns, "
+         f"{ns.num_prompts} prompts x {ns.max_tokens} tokens per cell")
+
+    started = dt.datetime.now(dt.timezone.utc)
+    t_start = time.monotonic()
+    samples: dict[tuple[int, str], dict[str, dict[str, Any]]] = {}    # (round, regime) -> label -> sample
+    servers_info = []
+    with ExitStack() as stack:
+        servers = []
+        for c in configs:           # one after the other: never two startups at once
+            _log(f"[{c.label}] starting server ...")
+            t0 = time.monotonic()
+            servers.append(stack.enter_context(serve(model_dir, c.args, base_args=base_args)))
+            servers_info.append({"spec": c.spec, "label": c.label, "args": list(c.args),
+                                 "startup_s": round(time.monotonic() - t0, 1), "dtype": server_dtype(servers[-1])})
+        for c, s, info in zip(configs, servers, servers_info):
+            for t in sorted(set(ns.temperatures)):
+                run_load(s, warmup, max_tokens=WARMUP_MAX_TOKENS, concurrency=n_warm, temperature=t)
+            time.sleep(ns.idle_gap)
+            info["rss_mib_after_warmup"] = server_rss_mib(s)
+        _log("servers: " + ", ".join(f"{i['label']} {i['dtype']} {i['rss_mib_after_warmup']} MiB"
+                                     for i in servers_info))
+        off = servers[0]
+        turn = 0
+        for rnd in range(ns.rounds):
+            for ci, reg in enumerate(cells_spec):
+                prompts = sets[0 if ns.shared_prompts else rnd * len(cells_spec) + ci]
+                before = [scrape_spec_metrics(s) for s in servers]
+                time.sleep(ns.idle_gap)
+                outputs: list[list[Any]] = [[None] * len(prompts) for _ in configs]
+                secs: list[list[float]] = [[] for _ in configs]
+                toks = [0] * len(configs)
+                for batch in batches(len(prompts), reg.concurrency):
+                    for j in turn_order(len(configs), turn):
+                        load = run_load(servers[j], [prompts[i] for i in batch], max_tokens=ns.max_tokens,
+                                        concurrency=reg.concurrency, temperature=reg.temperature)
+                        secs[j].append(load.wall_s)
+                        toks[j] += load.output_tokens
+                        for i, r in zip(batch, load.requests):
+                            outputs[j][i] = r.token_ids
+                        time.sleep(ns.idle_gap)
+                    turn += 1
+                deltas = [scrape_spec_metrics(s) - b for s, b in zip(servers, before)]
+                cell: dict[str, dict[str, Any]] = {}
+                for j, c in enumerate(configs):
+                    d = deltas[j]
+                    entry = {"output_tokens": toks[j], "seconds": sum(secs[j]), "turn_seconds": secs[j],
+                             "tau": d.tau, "acceptance_rate": d.acceptance_rate,
+                             "drafts": d.drafts if d.present else None,
+                             "draft_tokens": d.draft_tokens if d.present else None,
+                             "accepted_tokens": d.accepted if d.present else None,
+                             "prompts_sha256": prompts_sha256(prompts)}
+                    if reg.greedy and j > 0:
+                        equal = sum(a == b for a, b in zip(outputs[j], outputs[0]))
+                        entry["equal"] = [equal, len(prompts)]
+                        entry["mismatches"] = [
+                            {"prompt_index": i, **explain_mismatch(off, prompts[i], outputs[0][i], outputs[j][i])}
+                            for i in range(len(prompts)) if outputs[j][i] != outputs[0][i]]
+                    cell[c.label] = entry
+                if any(e.get("mismatches") for e in cell.values()):
+                    time.sleep(ns.idle_gap)
+                samples[(rnd, reg.label)] = cell
+                base = cell[BASELINE]["output_tokens"] / max(cell[BASELINE]["seconds"], 1e-9)
+                parts = [f"off {base:.1f} tok/s"]
+                for c in configs[1:]:
+                    e = cell[c.label]
+                    rate = e["output_tokens"] / max(e["seconds"], 1e-9)
+                    parts.append(f"{c.label} {rate / base:.2f}x"
+                                 + (f" tau {e['tau']:.2f}" if e["tau"] is not None else "")
+                                 + (f" eq {e['equal'][0]}/{e['equal'][1]}" if "equal" in e else ""))
+                _log(f"[round {rnd + 1}/{ns.rounds}] {reg.label}: " + " | ".join(parts))
+    wall = time.monotonic() - t_start
+
+    cells = []
+    for reg in cells_spec:
+        per_round = [samples[(r, reg.label)] for r in range(ns.rounds)]
+        summary = summarize_cell([{lb: (e["output_tokens"], e["seconds"]) for lb, e in pr.items()} for pr in per_round])
+        for lb in labels:
+            rows = [pr[lb] for pr in per_round]
+            s = summary[lb]
+            s["tau"] = pooled_tau([(e["drafts"], e["accepted_tokens"]) for e in rows if e["drafts"] is not None])
+            s["tau_rounds"] = [e["tau"] for e in rows]
+            s["acceptance_rate_rounds"] = [e["acceptance_rate"] for e in rows]
+            if reg.greedy and lb != BASELINE:
+                s["equal"] = [sum(e["equal"][0] for e in rows), sum(e["equal"][1] for e in rows)]
+                s["mismatches"] = [{"round": r, **m} for r, e in enumerate(rows) for m in e["mismatches"]]
+            s["rounds"] = [{k: v for k, v in e.items() if k != "mismatches"} for e in rows]
+        cells.append({"regime": reg.label, "temperature": reg.temperature, "concurrency": reg.concurrency,
+                      "batch_size": batch_size(ns.num_prompts, reg.concurrency), "configs": summary})
+
+    spec_labels = labels[1:]
+    ratio_md = markdown_table(cells, spec_labels)
+    tau_md = markdown_table(cells, spec_labels, key="tau", fmt="{:.2f}")
+    mismatches = [(c["regime"], lb, m) for c in cells for lb in spec_labels
+                  for m in c["configs"][lb].get("mismatches", [])]
+    record = {
+        "benchmark": "bench_matrix",
+        "started_utc": started.isoformat(timespec="seconds"),
+        "wall_s": round(wall, 1),
+        "hardware": hw,
+        "software": {**software_info(), **_extra_versions(configs)},
+        "model": {"dir_name": model_dir.name, "label": label, "fixture": meta},
+        "serve_args": list(base_args),
+        "servers": servers_info,
+        "settings": {"configs": [c.spec for c in configs], "num_prompts": ns.num_prompts,
+                     "max_tokens": ns.max_tokens, "concurrencies": ns.concurrency,
+                     "temperatures": ns.temperatures, "rounds": ns.rounds, "idle_gap_s": ns.idle_gap,
+                     "seed": ns.seed, "shared_prompts": ns.shared_prompts, "ignore_eos": True,
+                     "batch_rule": "max(8, 2 x concurrency), at most --num-prompts; order rotates by one per batch",
+                     "warmup": {"prompts": n_warm, "max_tokens": WARMUP_MAX_TOKENS,
+                                "temperatures": sorted(set(ns.temperatures))},
+                     "turns": turns_total, "median": "lower middle round by ratio (off: by tokens/s)"},
+        "prompts": {**describe(pool, ns.seed), "sets": n_sets, "warmup_prompts": n_warm,
+                    "ids": [f"{p.path}:{p.lineno}" for p in pool]},
+        "cells": cells,
+        "ratio_table_markdown": ratio_md,
+        "tau_table_markdown": tau_md,
+    }
+    out = ns.output or RESULTS_DIR / f"bench_matrix_{label}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    png = plot_heatmap(cells, spec_labels, out.with_suffix(".png"),
+                       f"bench_matrix, {model_dir.name}, {ns.num_prompts} prompts x {ns.max_tokens} tokens, "
+                       f"{ns.rounds} round(s)\n{hardware_line(hw)}")
+
+    print(f"\nspeedup vs off (tokens/s ratio, median of {ns.rounds} round(s)); model {model_dir.name}, "
+          f"{ns.num_prompts} unseen prompts x {ns.max_tokens} tokens per cell\n")
+    print(ratio_md)
+    print("\ntau (tokens per drafted step, pooled over rounds)\n")
+    print(tau_md)
+    eq = [f"{c['regime']} {lb} {c['configs'][lb]['equal'][0]}/{c['configs'][lb]['equal'][1]}"
+          for c in cells if c["temperature"] == 0 for lb in spec_labels]
+    if eq:
+        print("\ngreedy outputs equal to off: " + ", ".join(eq))
+    if mismatches:
+        gaps = [m.get("off_minus_spec") for _, _, m in mismatches if m.get("off_minus_spec") is not None]
+        print(f"{len(mismatches)} greedy mismatch(es); off's logprob lead over the diverging token at the first "
+              f"difference: " + (f"median {statistics.median(gaps):.4f}, max {max(gaps):.4f} nats" if gaps else "n/a"))
+    print(f"\nwall {wall / 60:.1f} min; wrote {out} and {png.name}")
+    return 0
+
+
+def _extra_versions(configs: Sequence[MatrixConfig]) -> dict[str, str | None]:
+    if not any(c.kind == "suffix" for c in configs):
+        return {}
+    from importlib import metadata
+
+    try:
+        return {"arctic_inference": metadata.version("arctic-inference")}
+    except metadata.PackageNotFoundError:
+        return {"arctic_inference": None}
+
+
+def plot_heatmap(cells: Sequence[dict[str, Any]], labels: Sequence[str], path: Path, title: str) -> Path:
+    """Ratios to off: config rows x regime columns, colour diverging around 1.0 (log scale, red
+    slower, green faster), each cell annotated with its ratio and tau."""
+    import math
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    grid = np.full((len(labels), len(cells)), np.nan)
+    for j, c in enumerate(cells):
+        for i, lb in enumerate(labels):
+            r = c["configs"].get(lb, {}).get("ratio")
+            if r:
+                grid[i, j] = math.log2(r)
+    lim = max(0.25, float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 0.25)
+    fig, ax = plt.subplots(figsize=(1.25 * len(cells) + 3, 0.65 * len(labels) + 2))
+    im = ax.imshow(grid, cmap="RdYlGn", vmin=-lim, vmax=lim, aspect="auto")
+    for j, c in enumerate(cells):
+        for i, lb in enumerate(labels):
+            e = c["configs"].get(lb, {})
+            if e.get("ratio") is None:
+                continue
+            text = f"{e['ratio']:.2f}x" + (f"\ntau {e['tau']:.2f}" if e.get("tau") is not None else "")
+            ax.text(j, i, text, ha="center", va="center", fontsize=7.5)
+    ax.set_xticks(range(len(cells)))
+    ax.set_xticklabels([c["regime"] for c in cells], rotation=30, ha="right", fontsize=8)
+    ax.set_yticks(range(len(labels)))
+    ax.set_yticklabels(labels, fontsize=8)
+    cbar = fig.colorbar(im, ax=ax)
+    ticks = [t for t in (-2, -1, -0.5, -0.25, 0, 0.25, 0.5, 1, 2) if abs(t) <= lim]
+    cbar.set_ticks(ticks)
+    cbar.set_ticklabels([f"{2 ** t:.2g}x" for t in ticks])
+    cbar.set_label("tokens/s vs off", fontsize=8)
+    ax.set_title(title, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""benchmarks/bench_matrix.py and benchmarks/unseen_prompts.py: the pure parts (config specs,
+turn schedule, ratio arithmetic, mismatch helpers, prompt builder). No server, no engine."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module              # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+bm = _load("bench_matrix")
+up = _load("unseen_prompts")
+
+
+# -- config specs ----------------------------------------------------------------------------
+
+def _flag(cfg, name):
+    return json.loads(cfg.args[cfg.args.index(name) + 1]) if name in cfg.args else None
+
+
+def test_config_specs():
+    off = bm.parse_config("off")
+    assert (off.label, off.kind, off.args) == ("off", "off", ())
+
+    ng = bm.parse_config("ngram:12")
+    assert ng.label == "ngram K=12"
+    assert _flag(ng, "--speculative-config") == {"method": "ngram", "num_speculative_tokens": 12,
+                                                 "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+
+    sx = bm.parse_config("suffix:24")
+    assert (sx.label, sx.kind) == ("suffix K=24", "suffix")
+    assert _flag(sx, "--speculative-config") == {"method": "suffix", "num_speculative_tokens": 24}
+
+    d = bm.parse_config("default:8")        # the plugin's default preset: no treespec key at all
+    assert d.label == "default K=8"
+    assert _flag(d, "--speculative-config") == {"model": "vllm_treespec.TreeProposer", "num_speculative_tokens": 8}
+    assert "--additional-config" not in d.args
+
+    p = bm.parse_config("demo/lookup-trie-distilled:32")
+    assert p.label == "demo/lookup-trie-distilled K=32"
+    assert _flag(p, "--speculative-config")["num_speculative_tokens"] == 32
+    assert _flag(p, "--additional-config") == {"treespec": "demo/lookup-trie-distilled"}
+
+    inline = bm.parse_config('{"drafter": {"type": "prompt_lookup"}, "tree": {"builder": "best_first"}}:16')
+    assert inline.label == "inline K=16"
+    assert _flag(inline, "--additional-config") == {
+        "treespec": {"drafter": {"type": "prompt_lookup"}, "tree": {"builder": "best_first"}}}
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("ngram", "expected off, ngram:K"),
+    (":8", "expected off, ngram:K"),
+    ("ngram:0", "K must be a positive integer"),
+    ("ngram:-3", "K must be a positive integer"),
+    ("suffix:x", "K must be a positive integer"),
+    ("{not json:8", "inline treespec JSON does not parse"),
+])
+def test_bad_config_specs(spec, message):
+    with pytest.raises(ValueError) as e:
+        bm.parse_config(spec)
+    assert message in str(e.value) and repr(spec) in str(e.value)
+
+
+def test_parse_configs_adds_off_first_and_checks():
+    configs = bm.parse_configs(["ngram:4", "default:4"])
+    assert [c.label for c in configs] == ["off", "ngram K=4", "default K=4"]
+    assert [c.label for c in bm.parse_configs(["ngram:4", "off"])] == ["off", "ngram K=4"]
+    with pytest.raises(ValueError, match="repeat"):
+        bm.parse_configs(["off", "ngram:4", "ngram:4"])
+    with pytest.raises(ValueError, match="not found"):      # a preset that does not exist
+        bm.parse_configs(["no-such-preset:8"])
+    assert bm.parse_configs(["no-such-preset:8"], check=False)[1].kind == "treespec"
+
+
+def test_default_dtype_args():
+    from vllm_treespec.serving import CPU_SERVE_ARGS
+
+    args = bm.serve_args_default_dtype(CPU_SERVE_ARGS)
+    assert "--dtype" not in args and not any(a.startswith("--dtype") for a in args)
+    assert "--enforce-eager" in args and "--max-model-len" in args
+    assert bm.serve_args_default_dtype(["--dtype=float32", "-x", "--dtype", "bfloat16", "y"]) == ("-x", "y")
+
+
+# -- schedule --------------------------------------------------------------------------------
+
+def test_batches():
+    assert [len(b) for b in bm.batches(64, 1)] == [8] * 8
+    assert [len(b) for b in bm.batches(64, 8)] == [16] * 4
+    assert [len(b) for b in bm.batches(64, 32)] == [64]
+    assert [(b.start, b.stop) for b in bm.batches(10, 1)] == [(0, 8), (8, 10)]
+    assert [len(b) for b in bm.batches(8, 8)] == [8]            # capped at the prompt count
+    assert [len(b) for b in bm.batches(3, 1)] == [3]
+    covered = [i for b in bm.batches(37, 4) for i in b]
+    assert covered == list(range(37))
+
+
+def test_turn_rotation():
+    n = 4
+    orders = [bm.turn_order(n, t) for t in range(2 * n)]
+    assert orders[0] == [0, 1, 2, 3] and orders[1] == [1, 2, 3, 0]
+    for order in orders:
+        assert sorted(order) == list(range(n))
+    for pos in range(n):       # over n consecutive turns every config takes every position once
+        assert sorted(o[pos] for o in orders[:n]) == list(range(n))
+    assert orders[n] == orders[0]
+
+
+def test_regimes():
+    regs = bm.regimes([0, 0.7, 1.0], [1, 8, 32])
+    assert [r.label for r in regs[:4]] == ["greedy c=1", "greedy c=8", "greedy c=32", "T=0.7 c=1"]
+    assert regs[-1].label == "T=1 c=32" and not regs[-1].greedy and regs[0].greedy
+
+
+# -- arithmetic ------------------------------------------------------------------------------
+
+def test_median_index():
+    assert bm.median_index([3.0, 1.0, 2.0]) == 2
+    assert bm.median_index([4.0, 1.0, 3.0, 2.0]) == 3       # lower middle of an even count
+    assert bm.median_index([5.0]) == 0
+
+
+def test_summarize_cell_ratios_and_median_round():
+    rounds = [
+        {"off": (1000, 10.0), "a": (1000, 5.0)},     # off 100 tok/s, a 200 -> 2.0x
+        {"off": (1000, 20.0), "a": (1000, 8.0)},     # off 50, a 125 -> 2.5x
+        {"off": (1000, 12.5), "a": (1000, 8.0)},     # off 80, a 125 -> 1.5625x
+    ]
+    s = bm.summarize_cell(rounds)
+    assert s["a"]["ratio_rounds"] == pytest.approx([2.0, 2.5, 1.5625])
+    assert s["a"]["ratio"] == pytest.approx(2.0) and s["a"]["median_round"] == 0
+    assert s["a"]["tokens_per_s"] == pytest.approx(200.0)      # the median round's own rate
+    assert s["off"]["ratio"] is None and s["off"]["ratio_rounds"] is None
+    assert s["off"]["tokens_per_s"] == pytest.approx(80.0) and s["off"]["median_round"] == 2
+    two = bm.summarize_cell(rounds[:2])
+    assert two["a"]["ratio"] == pytest.approx(2.0)              # lower middle
+    assert bm.summarize_cell([{"off": (10, 0.0), "a": (10, 1.0)}])["a"]["ratio"] is None
+
+
+def test_pooled_tau():
+    assert bm.pooled_tau([(10, 5), (30, 35)]) == pytest.approx(1 + 40 / 40)
+    assert bm.pooled_tau([]) is None and bm.pooled_tau([(0, 0)]) is None
+
+
+def test_first_difference():
+    assert bm.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert bm.first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert bm.first_difference([9], [8]) == 0
+    assert bm.first_difference([1, 2], [1, 2, 3]) == 2
+    assert bm.first_difference([], []) is None
+
+
+def test_parse_top_logprobs():
+    assert bm.parse_top_logprobs({"token_id:7": -0.9, "token_id:3": -0.5, "token_id:4": -0.9}) == [
+        (3, -0.5), (4, -0.9), (7, -0.9)]
+    with pytest.raises(ValueError, match="token_id"):
+        bm.parse_top_logprobs({"def": -0.1})
+
+
+def test_markdown_table():
+    cells = [{"regime": "greedy c=1", "configs": {"ngram K=4": {"ratio": 1.234}, "default K=4": {"ratio": None}}}]
+    assert bm.markdown_table(cells, ["ngram K=4", "default K=4"]).splitlines() == [
+        "| regime | ngram K=4 | default K=4 |", "|---|---|---|", "| greedy c=1 | 1.23x | - |"]
+
+
+# -- unseen prompts --------------------------------------------------------------------------
+
+PKGS = ["click", "jinja2"]
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return up.build_prompts(12, seed=5, packages=PKGS)
+
+
+def test_prompts_are_deterministic(prompts):
+    assert up.build_prompts(12, seed=5, packages=PKGS) == prompts
+    assert up.build_prompts(12, seed=6, packages=PKGS) != prompts
+    assert len({p.text for p in prompts}) == len(prompts)
+    assert {p.package for p in prompts} == set(PKGS)             # round robin over the packages
+    assert up.prompts_sha256([p.text for p in prompts]) == up.prompts_sha256([p.text for p in prompts])
+
+
+def test_prompts_are_function_heads(prompts):
+    import ast
+
+    for p in prompts:
+        assert p.text.startswith(("def ", "async def ")) and p.text.endswith('\n')
+        assert up.MIN_CHARS <= len(p.text) <= up.MAX_CHARS
+        node = ast.parse(p.text + "    pass\n").body[0]
+        assert ast.get_docstring(node)
+
+
+def test_prompts_never_from_the_stdlib(prompts):
+    import json as stdlib_json
+
+    sp = up.site_packages_dirs()
+    for p in prompts:
+        path = next(s / p.path for s in sp if (s / p.path).exists())
+        assert not up.is_stdlib_path(path)
+        assert p.path.split("/")[0] not in sys.stdlib_module_names
+    assert up.is_stdlib_path(Path(stdlib_json.__file__))
+    for name in ("json", "typing_extensions", "importlib_metadata"):
+        with pytest.raises(ValueError, match="stdlib"):
+            up.package_root(name)
+    with pytest.raises(ValueError, match="not installed"):
+        up.package_root("surely_no_such_package_here")
+    for root in (up.package_root(n) for n in PKGS):
+        assert all(not up.is_stdlib_path(f) for f in up.package_files(root.name))
+    assert "_vendor" in up.SKIP_DIRS and "_distutils" in up.SKIP_DIRS
+
+
+def test_function_heads_and_stdlib_copies():
+    source = (
+        "class A:\n"
+        "    def m(self, x: int) -> int:\n"
+        '        """Return x doubled, a docstring long enough to pass the length bound of heads."""\n'
+        "        return 2 * x\n"
+        "\n"
+        "    def stub(self):\n"
+        '        """Only a docstring: no body to continue, so never a prompt head here."""\n'
+        "def short():\n"
+        '    """Tiny."""\n'
+        "    return 1\n")
+    heads = up.function_heads(source, min_chars=40)
+    assert [(line, name) for line, name, _ in heads] == [(2, "m")]
+    assert heads[0][2].startswith("def m(self, x: int) -> int:\n    \"\"\"Return x")
+    assert up.function_heads("def broken(:\n") == []
+    # textwrap.dedent's docstring is stdlib text: a verbatim copy is refused
+    copied = 'def dedent(text):\n    """Remove any common leading whitespace from every line in `text`.\n    """\n'
+    assert up.copied_from_stdlib(copied)
+    assert not up.copied_from_stdlib(heads[0][2])
+
+
+def test_heatmap_writes_png(tmp_path):
+    cells = [{"regime": "greedy c=1", "configs": {"ngram K=4": {"ratio": 1.5, "tau": 2.0}, "default K=4": {"ratio": 0.8}}},
+             {"regime": "T=1 c=8", "configs": {"ngram K=4": {"ratio": None}, "default K=4": {"ratio": 1.0, "tau": None}}}]
+    png = bm.plot_heatmap(cells, ["ngram K=4", "default K=4"], tmp_path / "m.png", "title")
+    assert png.read_bytes()[:4] == b"\x89PNG"
