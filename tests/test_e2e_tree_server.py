@@ -8,6 +8,7 @@ import http.client
 import json
 import re
 import time
+import urllib.error
 import urllib.request
 from urllib.parse import urlparse
 
@@ -58,6 +59,18 @@ def _metric_sums(base_url: str) -> tuple[dict[str, float], dict[str, set[str]]]:
     return sums, models
 
 
+def _post_with_xargs(base_url: str, model: str, xargs: dict) -> tuple[int, str]:
+    """Status and body of a short completion carrying `vllm_xargs`."""
+    body = json.dumps({"model": model, "prompt": "def f(x):", "max_tokens": 8, "temperature": 0.0,
+                       "vllm_xargs": xargs}).encode()
+    req = urllib.request.Request(base_url + "/v1/completions", body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
 @pytest.fixture(scope="module")
 def served(code_lm_model):
     from vllm_treespec.serving import run_load, serve
@@ -70,11 +83,14 @@ def served(code_lm_model):
             metrics, models = _metric_sums(server.base_url)   # before the aborts: both sides complete
             aborted = [_abort_mid_stream(server.base_url, server.model, p) for p in PROMPTS[:4]]
             second = run_load(server, PROMPTS, max_tokens=48, concurrency=8)
+            xargs = [_post_with_xargs(server.base_url, server.model, x) for x in
+                     ({"treespec": {"max_nodes": -1}}, {"treespec": {"max_nodez": 2}},
+                      {"treespec": {"max_nodes": 0}})]
             health = urllib.request.urlopen(server.base_url + "/health", timeout=10).status
         results[name] = dict(first=[r.output_key() for r in first.requests],
                              second=[r.output_key() for r in second.requests],
                              aborted=aborted, metrics=metrics, models=models, model=server.model,
-                             health=health)
+                             health=health, xargs=xargs)
     return results
 
 
@@ -107,3 +123,10 @@ def test_every_tree_series_is_labelled_with_the_served_model_like_vllms(served):
     for name in names:
         assert tree["models"][name] == {tree["model"]}, f"{name}: {tree['models'][name]}"
     assert tree["models"]["vllm:spec_decode_num_accepted_tokens_total"] == {tree["model"]}
+
+
+def test_bad_per_request_options_get_a_400_naming_the_key(served):
+    (bad_status, bad_body), (typo_status, typo_body), (ok_status, _) = served["tree"]["xargs"]
+    assert bad_status == 400 and "extra_args.treespec.max_nodes" in bad_body
+    assert typo_status == 400 and "extra_args.treespec.max_nodez" in typo_body
+    assert ok_status == 200 and served["tree"]["health"] == 200

@@ -414,6 +414,30 @@ class AutoBudgetConfig:
                                   "[query_tokens, seconds] with query_tokens >= 1 and seconds > 0")
 
 
+@dataclasses.dataclass(frozen=True)
+class GainConfig:
+    """budget.gain: per-request gain control (budget/gain.py)."""
+    enabled: bool = spec(False, doc=(
+        "Each request drafts only the nodes whose measured acceptance pays for their measured "
+        "verification cost at the current load, and stops drafting when none do (probed again "
+        "now and then); caps the mode's budget per request."))
+    probe_every: int = spec(8, ge=1, le=100000, doc=(
+        "Steps a request that stopped drafting waits before a probe draft ..."))
+    max_probe_every: int = spec(64, ge=1, le=1000000, doc=(
+        "... doubling after each probe that accepted nothing, up to this many."))
+    probe_nodes: int = spec(2, ge=1, le=1024, doc="Nodes of a probe draft.")
+    fixed_row_cost: float = spec(0.05, ge=0.0, le=1.0, doc=(
+        "Seeded sampled requests: the cost of a verified row in tokens (their trees, and so their "
+        "tokens, must not depend on other traffic, so measured costs are not used for them) ..."))
+    fixed_request_cost: float = spec(0.5, ge=0.0, le=64.0, doc=(
+        "... and the fixed cost of drafting at all in a step, in tokens."))
+
+    def validate(self, prefix: str) -> None:
+        if self.max_probe_every < self.probe_every:
+            raise ConfigError(f"{prefix}.max_probe_every: {self.max_probe_every} is below "
+                              f"{prefix}.probe_every ({self.probe_every}); raise it or lower probe_every")
+
+
 BUDGET_MODES = ("fixed", "table", "auto")
 
 
@@ -437,6 +461,7 @@ class BudgetConfig:
         "Cap each request's nodes at the deepest level it reaches with at least this probability, "
         "learnt from its own accepted drafts (budget/reach.py); 0 = off. Sampled requests accept far "
         "fewer of a drafter's tokens than greedy ones; this stops verifying rows they rarely get to."))
+    gain: GainConfig = spec(default_factory=GainConfig, doc="Per-request gain control: parameters.")
 
     def validate(self, prefix: str) -> None:
         if self.mode != "table":

@@ -1,19 +1,26 @@
 """vLLM general-plugin entry point (`vllm.general_plugins` -> `vllm_treespec.plugin:register`).
 
 vLLM calls `register()` in every process it starts (API server, engine core, workers), whether or
-not this plugin is configured, so it must stay inert: no patches, no heavy imports, one debug line.
-The plugin becomes active only when a TreeProposer is constructed, i.e. when the engine was
+not this plugin is configured, so it stays nearly inert: no heavy imports and one patch only, the
+check of a request's `treespec` extra arguments (engine/request_options.py), which acts on
+requests that carry that key and nothing else (a bad value is a 400 in the API server, which
+never constructs a TreeProposer). The plugin becomes active only when a TreeProposer is constructed, i.e. when the engine was
 configured with `--speculative-config '{"model": "vllm_treespec.TreeProposer", ...}'`; that is
 when `activate()` checks the vLLM version and installs the runner patches.
 """
 from __future__ import annotations
 
 import logging
+import sys
 
 logger = logging.getLogger("vllm_treespec")
 
 
 def register() -> None:
+    if "vllm.sampling_params" in sys.modules:     # a process that builds requests (see there)
+        from vllm_treespec.engine.request_options import install
+
+        install()
     logger.debug("vllm_treespec plugin registered (inert until a TreeProposer is configured)")
 
 

@@ -98,3 +98,7 @@ class ReachCap:
     def tracked(self) -> int:
         """Requests with a learnt cap."""
         return len(self._caps)
+
+    def request_ids(self) -> set[str]:
+        """The requests with a learnt cap."""
+        return set(self._caps)

@@ -25,6 +25,9 @@ def activate() -> None:
 
         version = check_vllm_version()
         REGISTRY.install_all()
+        from vllm_treespec.engine import request_options
+
+        request_options.install()
         from vllm.platforms import current_platform
 
         if current_platform.is_cpu():

@@ -36,7 +36,11 @@ def static_blocker(params: Any) -> str | None:
     if params is None:          # pooling requests never decode
         return "no_sampling_params"
     for attr, unused, reason in STATIC_BLOCKERS:
-        if _used(getattr(params, attr, unused), unused):
+        value = getattr(params, attr, unused)
+        if attr == "extra_args" and isinstance(value, dict):
+            # our own per-request options (engine/request_options.py) feed no logits processor
+            value = {k: v for k, v in value.items() if k != "treespec"}
+        if _used(value, unused):
             return reason
     return None
 

@@ -23,12 +23,14 @@ import numpy as np
 import torch
 
 from vllm_treespec.budget import make_budget_policy
+from vllm_treespec.budget.gain import GainControl
 from vllm_treespec.budget.reach import ReachCap
 from vllm_treespec.config import TreespecConfig, from_additional_config
 from vllm_treespec.drafters import DraftInputs, make_drafter
-from vllm_treespec.drafters.base import TargetStates, chain_trees
+from vllm_treespec.drafters.base import TargetStates
 from vllm_treespec.engine.eligibility import pending_min_tokens, static_blocker
 from vllm_treespec.engine.metrics import make_metrics
+from vllm_treespec.engine.request_options import RequestOptionError, parse_request_options
 from vllm_treespec.engine.tree_step import TreeStep, plan_tree_step
 from vllm_treespec.engine.tree_stats import TreeStats
 from vllm_treespec.tree import DraftTree
@@ -46,6 +48,8 @@ class RequestStats:
     accepted: int = 0
     blocker: str | None = None          # request option that keeps it from drafting (fixed)
     options_checked: bool = False       # `blocker` computed from the request's SamplingParams
+    max_nodes: int | None = None        # the request's own cap (extra_args treespec.max_nodes)
+    seeded_sampled: bool = False        # its tokens depend on its trees (budget/gain.py)
     fallback_steps: dict[str, int] = field(default_factory=dict)
 
 
@@ -67,6 +71,12 @@ class TreeProposer:
         floor = self.config.budget.reach_floor
         self.reach = ReachCap(floor, max_depth=self.node_budget) if floor > 0 else None
         self._reach_class: dict[str, str] = {}
+        # budget.gain: each request drafts only what pays at the current load (budget/gain.py)
+        gain = self.config.budget.gain
+        self.gain = GainControl(
+            self.node_budget, probe_every=gain.probe_every, max_probe_every=gain.max_probe_every,
+            probe_nodes=gain.probe_nodes, fixed_row_cost=gain.fixed_row_cost,
+            fixed_request_cost=gain.fixed_request_cost) if gain.enabled else None
         # the last verified step's (budgets, accepted, drafted) per tree, for the policy's observe
         self._verified: tuple[list[int], list[int], list[int]] | None = None
         self._draft_seconds = 0.0
@@ -95,6 +105,9 @@ class TreeProposer:
         self.stats = TreeStats(self.num_speculative_tokens, metrics=make_metrics(
             getattr(vllm_config.model_config, "served_model_name", None)))   # vLLM's model_name label
         self._last_verified: tuple[TreeStep | None, np.ndarray] = (None, np.zeros((0, 1), dtype=np.int64))
+        # a free idle step (no request carried drafts): vLLM ran it as a plain step
+        self.plain_step = False
+        self._plain_query_start: np.ndarray | None = None     # its query_start_loc [num_reqs + 1]
         self.step_started_at: float | None = None   # set by the _prepare_inputs patch
         logger.info("TreeProposer: drafter=%s builder=%s budget=%d config=%s", self.drafter.name,
                     self.config.tree.builder, self.node_budget, self.config.source)
@@ -139,6 +152,8 @@ class TreeProposer:
                 table.pop(req_id, None)
         if self.reach is not None:
             self.reach.release(req_ids)
+        if self.gain is not None:
+            self.gain.release(req_ids)
         observe = getattr(self.drafter, "observe_output", None)
         if observe is not None and runner is not None:
             batch = runner.input_batch
@@ -161,6 +176,8 @@ class TreeProposer:
         counts = {n: len(t) for n, t in zip(names, self._request_tables())}
         if self.reach is not None:
             counts["reach"] = self.reach.tracked()
+        if self.gain is not None:
+            counts["gain"] = self.gain.tracked()
         for name, n in self.drafter.tracked_requests().items():
             counts[f"drafter.{name}"] = n
         return counts
@@ -210,10 +227,24 @@ class TreeProposer:
         if cached is None:
             return st.blocker
         if not st.options_checked:
-            st.blocker, st.options_checked = static_blocker(cached.sampling_params), True
+            self._check_options(st, cached.sampling_params)
         if st.blocker is None and pending_min_tokens(cached.sampling_params, len(cached.output_token_ids)):
             return "min_tokens"
         return st.blocker
+
+    @staticmethod
+    def _check_options(st: RequestStats, params: Any) -> None:
+        """The request's fixed options, read once: what keeps it from drafting, its own node cap
+        (extra_args, engine/request_options.py) and whether it samples with a seed."""
+        st.blocker, st.options_checked = static_blocker(params), True
+        try:
+            st.max_nodes = parse_request_options(getattr(params, "extra_args", None)).max_nodes
+        except RequestOptionError as e:       # checked at admission; never guess past a bad value
+            logger.warning("TreeProposer: %s; the request is served without drafts", e)
+            st.max_nodes = 0
+        temperature = getattr(params, "temperature", None)
+        st.seeded_sampled = (getattr(params, "seed", None) is not None and temperature is not None
+                             and float(temperature) >= 1e-5)
 
     # -- drafting --------------------------------------------------------------------------
     def propose_step(self, runner: Any, scheduler_output: Any, sampled_token_ids: list[list[int]],
@@ -246,16 +277,33 @@ class TreeProposer:
         query = int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0)
         budgets, accepted, drafted = self._verified or ([], [], [])
         self._verified = None
+        if self.gain is not None and query > 0:
+            self._observe_gain_step(scheduler_output, query, seconds, accepted, budgets)
         if query > 0:
             self.budget_policy.observe(query_tokens=query, step_seconds=seconds, budgets=budgets,
                                        accepted=accepted, drafted=drafted,
                                        drafter_seconds=self._draft_seconds)
 
+    def _observe_gain_step(self, scheduler_output: Any, query: int, seconds: float,
+                           accepted: list[int], budgets: list[int]) -> None:
+        """budget.gain learns step costs from decode steps only (a prompt chunk's rows cost
+        differently): query rows = one per request plus the scheduled drafts."""
+        drafts = scheduler_output.scheduled_spec_decode_tokens
+        num_reqs = len(scheduler_output.num_scheduled_tokens)
+        if query != num_reqs + sum(len(d) for d in drafts.values()):
+            return
+        self.gain.observe_step(seconds, query, bool(drafts), num_reqs + sum(accepted),
+                               drafting=sum(1 for b in budgets if b > 0),
+                               drafter_seconds=self._draft_seconds)
+
     def _committed_rows(self, num_reqs: int) -> list[np.ndarray]:
         """Flat step rows of each request's committed tokens (see drafters.base.TargetStates)."""
         step, accepted = self._last_verified
         if step is None:
-            return [np.zeros(0, dtype=np.int64)] * num_reqs
+            qsl = self._plain_query_start
+            if qsl is None or qsl.size != num_reqs + 1:
+                return [np.zeros(0, dtype=np.int64)] * num_reqs
+            return [np.arange(qsl[i], qsl[i + 1], dtype=np.int64) for i in range(num_reqs)]
         qsl = step.query_start_loc
         rows = [np.arange(qsl[i], qsl[i + 1], dtype=np.int64) for i in range(step.num_reqs)]
         for j, i in enumerate(step.req_indices.tolist()):    # trees: root + accepted path only
@@ -287,6 +335,7 @@ class TreeProposer:
             self.stats.observe_budget_choice(chosen)
         budget = min(budget, chosen)
         caps = [min(budget, max(self.max_model_len - t, 0)) if d else 0 for t, d in zip(lengths, decoding)]
+        gain_costs = None     # budget.gain's row and request costs, once per step
         for i, cap in enumerate(caps):
             if cap:
                 reason = self.blocker(req_ids[i], runner)
@@ -296,10 +345,20 @@ class TreeProposer:
                     fb[reason] = fb.get(reason, 0) + 1
                     self.stats.observe_fallback(reason)
                 else:
+                    st = self.requests[req_ids[i]]
                     caps[i] = min(cap, self._output_room(runner, req_ids[i], lengths[i]))
+                    if st.max_nodes is not None:
+                        caps[i] = min(caps[i], st.max_nodes)
                     if self.reach is not None:
                         self._reach_class[req_ids[i]] = self._sampling_class(runner, req_ids[i])
                         caps[i] = min(caps[i], self.reach.cap(req_ids[i]))
+                    if self.gain is not None and caps[i] > 0:
+                        if gain_costs is None:
+                            gain_costs = self.gain.measured_costs()
+                        caps[i] = self.gain.decide(req_ids[i], caps[i], st.seeded_sampled,
+                                                   gain_costs).nodes
+        if not any(caps) and not getattr(self.drafter, "uses_target_states", False):
+            return self._propose_nothing(runner, req_ids, decoding, caps, start)
         budgets = np.array(caps, dtype=np.int64)
         sampling = None
         if getattr(self.drafter, "samples_drafts", False):
@@ -308,10 +367,7 @@ class TreeProposer:
         inputs = DraftInputs(req_ids=req_ids, token_ids=token_ids_cpu, rows=np.arange(n, dtype=np.int64),
                              num_tokens=num_tokens, budgets=budgets, target=target, sampling=sampling,
                              tree_overrides=choice.tree_params({}))   # a table rule's tree keys
-        if any(caps) or getattr(self.drafter, "uses_target_states", False):
-            trees = self.drafter.propose(inputs)     # head caches take every step's committed rows
-        else:                                         # budget 0 (plain decoding): no drafter call
-            trees = chain_trees(inputs, [()] * n)
+        trees = self.drafter.propose(inputs)     # head caches take every step's committed rows
         probs = getattr(self.drafter, "last_draft_probs", None) or {}
         drafts: list[list[int]] = []
         for i, (req_id, tree) in enumerate(zip(req_ids, trees)):
@@ -333,11 +389,68 @@ class TreeProposer:
         self.stats.observe_draft(self._draft_seconds, [c for c, d in zip(caps, decoding) if d], trees)
         return drafts
 
+    def _propose_nothing(self, runner: Any, req_ids: list[str], decoding: list[bool],
+                         caps: list[int], start: float) -> list[list[int]]:
+        """No request drafts this step: no drafter call and no trees, so the next step is a
+        free idle step (runner_patches: vLLM's plain path)."""
+        for req_id, d in zip(req_ids, decoding):
+            self.trees.pop(req_id, None)
+            self.draft_probs.pop(req_id, None)
+            if d:
+                self._state(req_id, runner).steps += 1
+                self._budget_given[req_id] = 0
+        self._draft_seconds = time.perf_counter() - start
+        self.stats.observe_draft(self._draft_seconds, [c for c, d in zip(caps, decoding) if d], ())
+        return [[] for _ in req_ids]
+
     # -- verification ------------------------------------------------------------------------
+    def plan_plain_step(self, query_start_loc: np.ndarray) -> None:
+        """A step in which no request carries drafts runs as vLLM's plain step (the
+        `_prepare_inputs` patch): nothing to plan; every scheduled row is committed."""
+        self.plain_step = True
+        self._plain_query_start = np.array(query_start_loc, dtype=np.int64)
+        self._last_verified = (None, np.zeros((0, 1), dtype=np.int64))
+
+    def sample_plain(self, runner: Any, logits: Any, vllm_sample: Callable[[], Any]) -> Any:
+        """vLLM's plain sampler output for a free idle step, with the tokens of seeded sampled
+        requests re-drawn by tree acceptance from their own generators (root-only trees): such
+        a request draws from the same stream whether or not other requests in its steps
+        drafted, so its tokens do not depend on other traffic. Others keep vLLM's token."""
+        from vllm_treespec.engine.runner_state import discarded_rows, request_sampling
+        from vllm_treespec.engine.tree_verifier import SAMPLING_EPS, acceptance_generators, verify_step
+
+        from vllm.v1.outputs import SamplerOutput
+
+        qsl = self._plain_query_start
+        num_reqs = int(qsl.size - 1)
+        batch_ids = list(runner.input_batch.req_ids)[:num_reqs]
+        params = request_sampling(runner, batch_ids)
+        discarded = discarded_rows(runner, num_reqs)
+        rows = [i for i, p in enumerate(params)
+                if p.seed is not None and float(p.temperature) >= SAMPLING_EPS and not discarded[i]
+                and self.blocker(batch_ids[i], runner) is None]
+        if not rows:
+            return vllm_sample()
+        include = np.asarray(rows, dtype=np.int64)
+        own_logits = logits[torch.from_numpy(include)].clone()    # vLLM's sampler edits logits in place
+        out = vllm_sample()
+        step = plan_tree_step([batch_ids[i] for i in rows], np.ones(len(rows), dtype=np.int64), {}, {},
+                              np.arange(len(rows) + 1, dtype=np.int64),
+                              runner.input_batch.num_computed_tokens_cpu[include])
+        ids = [batch_ids[i] for i in rows]
+        sub = [params[i] for i in rows]
+        gens = acceptance_generators(self.generators, ids, sub, getattr(runner, "device", "cpu"))
+        tokens, _ = verify_step(step, own_logits, sub, gens, None, None,
+                                coin_rows=self.num_speculative_tokens + 1)
+        sampled = out.sampled_token_ids.clone()
+        sampled[torch.from_numpy(include)] = tokens.to(sampled.dtype)
+        return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=out.logprobs_tensors)
+
     def plan_step(self, batch_req_ids: list[str], num_scheduled: np.ndarray,
                   scheduled_drafts: dict[str, list[int]], query_start_loc: np.ndarray,
                   num_computed: np.ndarray) -> TreeStep:
         """Match the scheduled drafts to our trees (see engine/tree_step.py)."""
+        self.plain_step = False
         step = plan_tree_step(batch_req_ids, num_scheduled, scheduled_drafts, self.trees,
                               query_start_loc, num_computed, self.draft_probs)
         # committed rows of this step for drafters reading target states: every scheduled row
@@ -409,11 +522,14 @@ class TreeProposer:
             if st is not None:
                 st.accepted += a
         self._verified = ([self._budget_given.get(r, 0) for r in step.req_ids], accepted_len, sizes)
-        if self.reach is not None and step.num_trees:
+        if (self.reach is not None or self.gain is not None) and step.num_trees:
             offsets = step.trees.offsets.numpy()
             depths = np.maximum.reduceat(step.trees.depth.numpy(), offsets[:-1]).tolist()
-            self.reach.observe(step.req_ids, depths, accepted_len)
-            self.stats.observe_reach(self._reach_means())
+            if self.reach is not None:
+                self.reach.observe(step.req_ids, depths, accepted_len)
+                self.stats.observe_reach(self._reach_means())
+            if self.gain is not None:
+                self.gain.observe_trees(step.req_ids, depths, accepted_len)
         if step.num_trees:
             parts = (accepted_at - start, compacted, step.attn.seconds if step.attn is not None else 0.0)
             self.stats.observe_verify(time.perf_counter() - start, sizes, accepted_len, moved, own, parts)

@@ -1,0 +1,123 @@
+"""budget.gain (budget/gain.py): step-cost fit, per-request decisions, probes, determinism."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vllm_treespec.budget.gain import GainControl, StepCost
+from vllm_treespec.config import ConfigError, load_config
+
+
+def _feed(cost: StepCost, steps: list[tuple[float, int, bool, int]], repeat: int = 50) -> None:
+    for _ in range(repeat):
+        for seconds, rows, spec, emitted in steps:
+            cost.observe(seconds, rows, spec, emitted)
+
+
+def test_step_cost_recovers_base_row_and_overhead():
+    cost = StepCost(forget=0.01)
+    # truth: 1.0 ms + 0.07 ms per row + 0.8 ms per speculative step
+    steps = [(1e-3 + 7e-5 * r + (8e-4 if spec else 0.0), r, spec, 1) for r, spec in
+             [(1, False), (4, True), (9, True), (17, True), (2, False), (33, True)]]
+    _feed(cost, steps)
+    base, row, overhead = cost.coefficients()
+    assert row == pytest.approx(7e-5, rel=0.05)
+    assert overhead == pytest.approx(8e-4, rel=0.1)
+    assert base == pytest.approx(1e-3, rel=0.1)
+
+
+def test_step_cost_prior_holds_before_plain_steps_are_seen():
+    cost = StepCost()
+    _feed(cost, [(2e-3, 9, True, 3)], repeat=5)      # only speculative steps of one size
+    base, row, overhead = cost.coefficients()
+    assert row >= 0 and overhead > 0                     # the prior keeps the overhead positive
+    assert cost.tokens_per_second() == pytest.approx(3 / 2e-3)
+
+
+def _learn(gain: GainControl, req: str, depth: int, accepted: int, times: int = 30) -> None:
+    for _ in range(times):
+        gain.observe_trees([req], [depth], [accepted])
+
+
+def test_requests_whose_drafts_pay_draft_and_others_stop():
+    gain = GainControl(16, probe_every=4)
+    _learn(gain, "good", 16, 12)
+    _learn(gain, "bad", 16, 0)
+    costs = (0.05, 0.5)           # tokens per verified row, tokens per drafting request
+    good = gain.decide("good", 16, costs=costs)
+    bad = gain.decide("bad", 16, costs=costs)
+    assert good.nodes >= 12 and not good.probe
+    assert bad.nodes == 0
+
+
+def test_rows_get_dearer_with_load_and_trees_shrink():
+    gain = GainControl(16)
+    _learn(gain, "r", 16, 6)
+    light = gain.decide("r", 16, costs=(0.03, 0.3)).nodes
+    heavy = gain.decide("r", 16, costs=(0.6, 0.3)).nodes
+    assert 0 < heavy < light
+
+
+def test_stopped_requests_are_probed_with_backoff():
+    gain = GainControl(8, probe_every=2, max_probe_every=8, probe_nodes=2)
+    _learn(gain, "r", 8, 0)
+    costs = (0.1, 1.0)
+    probes = []
+    for step in range(40):
+        d = gain.decide("r", 8, costs=costs)
+        if d.nodes:
+            assert d.probe and d.nodes == 2
+            probes.append(step)
+            gain.observe_trees(["r"], [2], [0])          # the probe accepted nothing
+    gaps = np.diff(probes).tolist()
+    assert gaps[:3] == [4, 8, 8], gaps                   # 2 -> 4 -> 8 (capped) steps apart
+
+
+def test_a_probe_that_accepts_resumes_drafting():
+    gain = GainControl(8, probe_every=1, probe_nodes=2)
+    _learn(gain, "r", 8, 0)
+    costs = (0.05, 0.3)
+    assert gain.decide("r", 8, costs=costs).probe
+    for _ in range(5):                                   # the text turned repetitive
+        gain.observe_trees(["r"], [2], [2])
+    assert gain.decide("r", 8, costs=costs).nodes >= 2
+
+
+def test_seeded_sampled_decisions_ignore_measured_costs():
+    """A seeded request's tree (and so its tokens) must not depend on other traffic."""
+    gain = GainControl(16, fixed_row_cost=0.05, fixed_request_cost=0.5)
+    _learn(gain, "s", 16, 5)
+    a = gain.decide("s", 16, seeded_sampled=True, costs=(0.01, 0.0))
+    b = gain.decide("s", 16, seeded_sampled=True, costs=(0.9, 5.0))
+    assert a == b and a.nodes > 0
+
+
+def test_release_forgets_requests():
+    gain = GainControl(8, probe_every=1)
+    _learn(gain, "r", 8, 0, times=2)
+    gain.decide("r", 8, costs=(0.5, 1.0))
+    assert gain.tracked() == 1
+    gain.release(["r"])
+    assert gain.tracked() == 0
+
+
+def test_measured_costs_scale_with_the_rate():
+    gain = GainControl(8)
+    assert gain.measured_costs() == (0.0, 0.0)           # nothing measured: draft, then learn
+    for _ in range(200):
+        gain.observe_step(1e-3, 1, False, 1)
+        gain.observe_step(1.5e-3 + 1e-4 * 8, 9, True, 4, drafting=1, drafter_seconds=1e-4)
+    row, request = gain.measured_costs()
+    rate = gain.cost.tokens_per_second()
+    assert row == pytest.approx(1e-4 * rate, rel=0.1)
+    assert request > row
+
+
+def test_gain_config_is_checked():
+    cfg = load_config({"preset": "prompt-lookup", "budget": {"gain": {"enabled": True}}}, 8)
+    assert cfg.budget.gain.enabled
+    with pytest.raises(ConfigError, match="budget.gain.max_probe_every"):
+        load_config({"preset": "prompt-lookup",
+                     "budget": {"gain": {"probe_every": 16, "max_probe_every": 4}}}, 8)
+    with pytest.raises(ConfigError, match="budget.gain.enabld"):
+        load_config({"preset": "prompt-lookup", "budget": {"gain": {"enabld": True}}}, 8)

@@ -1,0 +1,208 @@
+"""Per-request gain control (`budget.gain`): each request drafts only the nodes that pay.
+
+Why: one budget cannot fit all traffic. A greedy request on repetitive code accepts 6-7 tokens per
+step from 32-deep chains; a sampled one accepts 1-2 from the same chains; at 32 clients on a
+compute-bound CPU every verified row slows the whole batch. A node is worth drafting when the
+tokens it is expected to add exceed the tokens its verification costs the batch; a request is
+worth drafting at all when its nodes' net gain exceeds the fixed cost of a speculative step
+(drafting, spec-decode metadata, tree acceptance). Requests whose drafts do not pay stop drafting
+(no rows, no drafter call; a step where nobody drafts is a plain step, runner_patches) and are
+probed again now and then with a small draft, on a schedule that backs off while probes fail.
+
+Per request, step and candidate depth d the controller compares
+    reach(d)                                      P(the request accepts through depth d), its own
+                                                  decayed acceptance by depth (budget/reach.py)
+    row_cost = row_seconds * tokens_per_second    tokens the batch loses per extra verified row
+and drafts n = the deepest d with reach(d) >= row_cost, if
+    sum(reach[:n]) - n * row_cost > request_cost  (spec-step overhead shared by the drafting
+                                                  requests + drafter seconds, in tokens)
+where row_seconds, the speculative step's overhead and tokens_per_second are measured online from
+decode steps (`StepCost`: step seconds = base + row_seconds * rows + overhead * speculative, fitted
+by exponentially weighted least squares). As the batch grows the rate grows and so does the row
+cost, so trees shrink with load; on hardware where rows are nearly free they grow.
+
+Seeded sampled requests: their tokens depend on their tree shapes (the coins of verify/coins.py
+sample whichever nodes exist), so their decisions use only their own history and the fixed costs
+`fixed_row_cost` / `fixed_request_cost` from the config, never the measured batch costs: a seeded
+request samples the same tokens whatever else the server runs. Greedy requests' tokens never
+depend on their trees, and unseeded sampled requests promise only the distribution.
+
+Pure Python and numpy: no vLLM.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from vllm_treespec.budget.reach import ReachCap
+
+__all__ = ["GainControl", "GainDecision", "StepCost"]
+
+
+class StepCost:
+    """Seconds of a decode step as base + row_seconds * rows + overhead * speculative, fitted
+    online by exponentially weighted least squares (weight `forget` per new step) with a ridge
+    prior (`prior_weight` pseudo-steps) towards row_seconds = 3% and overhead = 20% of the mean
+    decode step, so the fit is defined before plain and speculative steps were both seen."""
+
+    def __init__(self, forget: float = 0.02, prior_weight: float = 1.0) -> None:
+        if not 0.0 < forget < 1.0 or prior_weight <= 0:
+            raise ValueError("need 0 < forget < 1 and prior_weight > 0")
+        self.forget, self.prior_weight = float(forget), float(prior_weight)
+        self._xtx = np.zeros((3, 3))
+        self._xty = np.zeros(3)
+        self._seconds = 0.0          # decayed sums for the mean step (the prior's scale)
+        self._rows = 0.0
+        self._weight = 0.0
+        self._tokens = 0.0           # decayed emitted tokens, for tokens_per_second
+        self.steps = 0
+        self._fit: np.ndarray | None = None
+
+    def observe(self, seconds: float, rows: int, speculative: bool, emitted: int) -> None:
+        """One decode step (no prompt tokens): its seconds, query rows, whether it verified
+        drafts, and the tokens it emitted."""
+        if not seconds > 0 or rows < 1:
+            return
+        keep = 1.0 - self.forget
+        x = np.array([1.0, float(rows), 1.0 if speculative else 0.0])
+        self._xtx = self._xtx * keep + np.outer(x, x)
+        self._xty = self._xty * keep + x * seconds
+        self._seconds = self._seconds * keep + seconds
+        self._rows = self._rows * keep + rows
+        self._tokens = self._tokens * keep + emitted
+        self._weight = self._weight * keep + 1.0
+        self.steps += 1
+        self._fit = None
+
+    @property
+    def ready(self) -> bool:
+        return self.steps > 0
+
+    def tokens_per_second(self) -> float:
+        """Tokens the recent decode steps emitted per second of step time."""
+        return self._tokens / self._seconds if self._seconds > 0 else 0.0
+
+    def coefficients(self) -> tuple[float, float, float]:
+        """(base seconds, seconds per verified row, speculative-step overhead seconds), >= 0."""
+        if self._fit is None:
+            if not self.ready:
+                return 0.0, 0.0, 0.0
+            mean_step = self._seconds / self._weight
+            mean_rows = max(self._rows / self._weight, 1.0)
+            prior = np.array([0.0, 0.03 * mean_step, 0.2 * mean_step])
+            # ridge in each coefficient's own scale: a pseudo-step of rows ~ mean_rows
+            scale = self.prior_weight * np.array([1e-6, mean_rows ** 2, 1.0])
+            fit = np.linalg.solve(self._xtx + np.diag(scale), self._xty + scale * prior)
+            self._fit = np.maximum(fit, 0.0)
+        base, row, overhead = self._fit.tolist()
+        return base, row, overhead
+
+
+@dataclass(frozen=True)
+class GainDecision:
+    nodes: int
+    probe: bool = False
+
+
+class GainControl:
+    """See the module docstring. `max_depth`: the most nodes any request may get;
+    `probe_every` / `max_probe_every`: steps a stopped request waits before a probe (doubling
+    after each probe that accepted nothing, up to the maximum); `probe_nodes`: a probe's size;
+    `fixed_row_cost` / `fixed_request_cost`: the costs in tokens that seeded sampled requests
+    are decided with; `prior` / `prior_weight` / `decay`: the per-request acceptance model."""
+
+    def __init__(self, max_depth: int, *, probe_every: int = 8, max_probe_every: int = 64,
+                 probe_nodes: int = 2, fixed_row_cost: float = 0.05, fixed_request_cost: float = 0.5,
+                 prior: float = 0.8, prior_weight: float = 1.0, decay: float = 0.1) -> None:
+        if max_depth < 1 or probe_every < 1 or max_probe_every < probe_every or probe_nodes < 1:
+            raise ValueError("need max_depth >= 1, 1 <= probe_every <= max_probe_every, probe_nodes >= 1")
+        self.max_depth = int(max_depth)
+        self.probe_every, self.max_probe_every = int(probe_every), int(max_probe_every)
+        self.probe_nodes = int(probe_nodes)
+        self.fixed_row_cost, self.fixed_request_cost = float(fixed_row_cost), float(fixed_request_cost)
+        self.reach = ReachCap(0.5, self.max_depth, prior=prior, prior_weight=prior_weight, decay=decay)
+        self.cost = StepCost()
+        self._drafter_seconds = 0.0      # per drafting request, moving average
+        self._drafting = 1               # requests that drafted in the last speculative step
+        self._waited: dict[str, int] = {}    # stopped requests: steps since their last draft
+        self._interval: dict[str, int] = {}  # their current probe interval
+        self._probing: set[str] = set()      # requests whose last draft was a probe
+        self.last_costs = (0.0, 0.0)         # (row_cost, request_cost) in tokens, for stats
+
+    # -- costs -------------------------------------------------------------------------------
+    def measured_costs(self) -> tuple[float, float]:
+        """(tokens lost per extra verified row, tokens a drafting request's fixed cost loses),
+        from the measured decode steps; (0, 0) before the first one (draft, then learn)."""
+        if not self.cost.ready:
+            return 0.0, 0.0
+        rate = self.cost.tokens_per_second()
+        _, row, overhead = self.cost.coefficients()
+        return row * rate, (overhead / max(self._drafting, 1) + self._drafter_seconds) * rate
+
+    # -- decisions ---------------------------------------------------------------------------
+    def decide(self, req_id: str, cap: int, seeded_sampled: bool = False,
+               costs: tuple[float, float] | None = None) -> GainDecision:
+        """The request's nodes this step, at most `cap` (its budget from the mode, room and
+        eligibility). `costs`: `measured_costs()` computed once per step by the caller."""
+        cap = min(int(cap), self.max_depth)
+        if cap <= 0:
+            return GainDecision(0)
+        if seeded_sampled:
+            row_cost, request_cost = self.fixed_row_cost, self.fixed_request_cost
+        else:
+            row_cost, request_cost = costs if costs is not None else self.measured_costs()
+        reach = self.reach.reach(req_id)[:cap]
+        n = int(np.count_nonzero(reach >= row_cost)) if row_cost > 0 else cap
+        # reach is non-increasing (a cumulative product), so the first n depths are those above
+        if n > 0 and float(reach[:n].sum()) - n * row_cost > request_cost:
+            self._waited.pop(req_id, None)
+            self._interval.pop(req_id, None)
+            self._probing.discard(req_id)
+            return GainDecision(n)
+        waited = self._waited.get(req_id, 0) + 1
+        interval = self._interval.get(req_id, self.probe_every)
+        if waited >= interval:
+            self._waited[req_id] = 0
+            self._probing.add(req_id)
+            return GainDecision(min(cap, self.probe_nodes), probe=True)
+        self._waited[req_id] = waited
+        return GainDecision(0)
+
+    # -- observations --------------------------------------------------------------------------
+    def observe_trees(self, req_ids: Sequence[str], depths: Sequence[int], accepted: Sequence[int]) -> None:
+        """One verified step: per drafted request its deepest node's depth and accepted length.
+        A probe that accepted nothing doubles the request's probe interval; one that accepted
+        resets it."""
+        self.reach.observe(req_ids, depths, accepted)
+        for req_id, acc in zip(req_ids, accepted):
+            if req_id in self._probing:
+                self._probing.discard(req_id)
+                if acc > 0:
+                    self._interval[req_id] = self.probe_every
+                else:
+                    self._interval[req_id] = min(2 * self._interval.get(req_id, self.probe_every),
+                                                 self.max_probe_every)
+
+    def observe_step(self, seconds: float, rows: int, speculative: bool, emitted: int,
+                     drafting: int = 0, drafter_seconds: float = 0.0) -> None:
+        """One decode step's cost (see `StepCost.observe`); `drafting` requests drafted the
+        trees it verified, in `drafter_seconds` of drafter time."""
+        self.cost.observe(seconds, rows, speculative, emitted)
+        if speculative and drafting > 0:
+            self._drafting = drafting
+            self._drafter_seconds += 0.1 * (drafter_seconds / drafting - self._drafter_seconds)
+
+    def release(self, req_ids: Iterable[str]) -> None:
+        """Forget finished or aborted requests."""
+        req_ids = list(req_ids)
+        self.reach.release(req_ids)
+        for r in req_ids:
+            self._waited.pop(r, None)
+            self._interval.pop(r, None)
+            self._probing.discard(r)
+
+    def tracked(self) -> int:
+        """Requests with state (acceptance counts or a probe schedule)."""
+        return len(self.reach.request_ids() | set(self._waited) | set(self._interval) | self._probing)
