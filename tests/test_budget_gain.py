@@ -8,30 +8,32 @@ from vllm_treespec.budget.gain import GainControl, StepCost
 from vllm_treespec.config import ConfigError, load_config
 
 
-def _feed(cost: StepCost, steps: list[tuple[float, int, bool, int]], repeat: int = 50) -> None:
+def _feed(cost: StepCost, steps: list[tuple[float, int, bool, int, float]], repeat: int = 50) -> None:
     for _ in range(repeat):
-        for seconds, rows, spec, emitted in steps:
-            cost.observe(seconds, rows, spec, emitted)
+        for seconds, rows, spec, emitted, overhead in steps:
+            cost.observe(seconds, rows, spec, emitted, overhead)
 
 
 def test_step_cost_recovers_base_row_and_overhead():
     cost = StepCost(forget=0.01)
-    # truth: 1.0 ms + 0.07 ms per row + 0.8 ms per speculative step
-    steps = [(1e-3 + 7e-5 * r + (8e-4 if spec else 0.0), r, spec, 1) for r, spec in
-             [(1, False), (4, True), (9, True), (17, True), (2, False), (33, True)]]
+    # truth: 1.0 ms + 0.07 ms per row, + 0.8 ms measured overhead per speculative step
+    steps = [(1e-3 + 7e-5 * r + (8e-4 if spec else 0.0), r, spec, 1, 8e-4 if spec else 0.0)
+             for r, spec in [(1, False), (4, True), (9, True), (17, True), (2, False), (33, True)]]
     _feed(cost, steps)
     base, row, overhead = cost.coefficients()
     assert row == pytest.approx(7e-5, rel=0.05)
-    assert overhead == pytest.approx(8e-4, rel=0.1)
+    assert overhead == pytest.approx(8e-4, rel=0.01)
     assert base == pytest.approx(1e-3, rel=0.1)
 
 
-def test_step_cost_prior_holds_before_plain_steps_are_seen():
+def test_overhead_is_known_when_every_step_drafts():
+    """A fit cannot split base and overhead without plain steps; the measured overhead can."""
     cost = StepCost()
-    _feed(cost, [(2e-3, 9, True, 3)], repeat=5)      # only speculative steps of one size
+    _feed(cost, [(3e-3, 9, True, 3, 1.5e-3), (3.4e-3, 13, True, 4, 1.5e-3)], repeat=20)
     base, row, overhead = cost.coefficients()
-    assert row >= 0 and overhead > 0                     # the prior keeps the overhead positive
-    assert cost.tokens_per_second() == pytest.approx(3 / 2e-3)
+    assert overhead == pytest.approx(1.5e-3)
+    assert row == pytest.approx(1e-4, rel=0.05) and base == pytest.approx(6e-4, rel=0.1)
+    assert cost.tokens_per_second() == pytest.approx(7 / 6.4e-3, rel=0.01)
 
 
 def _learn(gain: GainControl, req: str, depth: int, accepted: int, times: int = 30) -> None:
@@ -106,7 +108,8 @@ def test_measured_costs_scale_with_the_rate():
     assert gain.measured_costs() == (0.0, 0.0)           # nothing measured: draft, then learn
     for _ in range(200):
         gain.observe_step(1e-3, 1, False, 1)
-        gain.observe_step(1.5e-3 + 1e-4 * 8, 9, True, 4, drafting=1, drafter_seconds=1e-4)
+        gain.observe_step(1.5e-3 + 1e-4 * 8, 9, True, 4, drafting=1, drafter_seconds=1e-4,
+                          overhead_seconds=5e-4)
     row, request = gain.measured_costs()
     rate = gain.cost.tokens_per_second()
     assert row == pytest.approx(1e-4 * rate, rel=0.1)

@@ -17,8 +17,8 @@ and drafts n = the deepest d with reach(d) >= row_cost, if
     sum(reach[:n]) - n * row_cost > request_cost  (spec-step overhead shared by the drafting
                                                   requests + drafter seconds, in tokens)
 where row_seconds, the speculative step's overhead and tokens_per_second are measured online from
-decode steps (`StepCost`: step seconds = base + row_seconds * rows + overhead * speculative, fitted
-by exponentially weighted least squares). As the batch grows the rate grows and so does the row
+decode steps (`StepCost`: step seconds = base + row_seconds * rows, fitted by exponentially
+weighted least squares, plus the overhead the engine times in every speculative step). As the batch grows the rate grows and so does the row
 cost, so trees shrink with load; on hardware where rows are nearly free they grow.
 
 Seeded sampled requests: their tokens depend on their tree shapes (the coins of verify/coins.py
@@ -42,37 +42,50 @@ __all__ = ["GainControl", "GainDecision", "StepCost"]
 
 
 class StepCost:
-    """Seconds of a decode step as base + row_seconds * rows + overhead * speculative, fitted
-    online by exponentially weighted least squares (weight `forget` per new step) with a ridge
-    prior (`prior_weight` pseudo-steps) towards row_seconds = 3% and overhead = 20% of the mean
-    decode step, so the fit is defined before plain and speculative steps were both seen."""
+    """The cost side of a decode step, learnt online (weight `forget` per new step):
+
+    - the target's seconds as base + row_seconds * rows, fitted by exponentially weighted least
+      squares over decode steps with the speculative step's own overhead taken out (a ridge of
+      `prior_weight` pseudo-steps holds row_seconds at 3% of the mean step until rows vary);
+    - that overhead (spec-decode planning, tree acceptance, tree attention; measured directly by
+      the engine in every speculative step, not fitted: when nearly every step drafts, a fit
+      cannot tell it from the base cost and underestimates it);
+    - the tokens the recent decode steps emitted per second.
+    """
 
     def __init__(self, forget: float = 0.02, prior_weight: float = 1.0) -> None:
         if not 0.0 < forget < 1.0 or prior_weight <= 0:
             raise ValueError("need 0 < forget < 1 and prior_weight > 0")
         self.forget, self.prior_weight = float(forget), float(prior_weight)
-        self._xtx = np.zeros((3, 3))
-        self._xty = np.zeros(3)
-        self._seconds = 0.0          # decayed sums for the mean step (the prior's scale)
+        self._xtx = np.zeros((2, 2))
+        self._xty = np.zeros(2)
+        self._seconds = 0.0          # decayed sums: mean step (the prior's scale), rate
         self._rows = 0.0
         self._weight = 0.0
-        self._tokens = 0.0           # decayed emitted tokens, for tokens_per_second
+        self._tokens = 0.0
+        self._overhead = 0.0         # decayed sum of measured overhead seconds, and its weight
+        self._overhead_weight = 0.0
         self.steps = 0
         self._fit: np.ndarray | None = None
 
-    def observe(self, seconds: float, rows: int, speculative: bool, emitted: int) -> None:
+    def observe(self, seconds: float, rows: int, speculative: bool, emitted: int,
+                overhead_seconds: float = 0.0) -> None:
         """One decode step (no prompt tokens): its seconds, query rows, whether it verified
-        drafts, and the tokens it emitted."""
+        drafts, the tokens it emitted and (speculative steps) its measured overhead seconds."""
         if not seconds > 0 or rows < 1:
             return
         keep = 1.0 - self.forget
-        x = np.array([1.0, float(rows), 1.0 if speculative else 0.0])
+        overhead = min(max(float(overhead_seconds), 0.0), seconds) if speculative else 0.0
+        x = np.array([1.0, float(rows)])
         self._xtx = self._xtx * keep + np.outer(x, x)
-        self._xty = self._xty * keep + x * seconds
+        self._xty = self._xty * keep + x * (seconds - overhead)
         self._seconds = self._seconds * keep + seconds
         self._rows = self._rows * keep + rows
         self._tokens = self._tokens * keep + emitted
         self._weight = self._weight * keep + 1.0
+        if speculative:
+            self._overhead = self._overhead * keep + overhead
+            self._overhead_weight = self._overhead_weight * keep + 1.0
         self.steps += 1
         self._fit = None
 
@@ -91,11 +104,11 @@ class StepCost:
                 return 0.0, 0.0, 0.0
             mean_step = self._seconds / self._weight
             mean_rows = max(self._rows / self._weight, 1.0)
-            prior = np.array([0.0, 0.03 * mean_step, 0.2 * mean_step])
-            # ridge in each coefficient's own scale: a pseudo-step of rows ~ mean_rows
-            scale = self.prior_weight * np.array([1e-6, mean_rows ** 2, 1.0])
+            prior = np.array([0.0, 0.03 * mean_step])
+            scale = self.prior_weight * np.array([1e-6, mean_rows ** 2])
             fit = np.linalg.solve(self._xtx + np.diag(scale), self._xty + scale * prior)
-            self._fit = np.maximum(fit, 0.0)
+            overhead = self._overhead / self._overhead_weight if self._overhead_weight else 0.0
+            self._fit = np.array([max(fit[0], 0.0), max(fit[1], 0.0), overhead])
         base, row, overhead = self._fit.tolist()
         return base, row, overhead
 
@@ -186,10 +199,11 @@ class GainControl:
                                                  self.max_probe_every)
 
     def observe_step(self, seconds: float, rows: int, speculative: bool, emitted: int,
-                     drafting: int = 0, drafter_seconds: float = 0.0) -> None:
+                     drafting: int = 0, drafter_seconds: float = 0.0,
+                     overhead_seconds: float = 0.0) -> None:
         """One decode step's cost (see `StepCost.observe`); `drafting` requests drafted the
         trees it verified, in `drafter_seconds` of drafter time."""
-        self.cost.observe(seconds, rows, speculative, emitted)
+        self.cost.observe(seconds, rows, speculative, emitted, overhead_seconds)
         if speculative and drafting > 0:
             self._drafting = drafting
             self._drafter_seconds += 0.1 * (drafter_seconds / drafting - self._drafter_seconds)

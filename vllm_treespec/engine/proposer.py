@@ -108,6 +108,8 @@ class TreeProposer:
         # a free idle step (no request carried drafts): vLLM ran it as a plain step
         self.plain_step = False
         self._plain_query_start: np.ndarray | None = None     # its query_start_loc [num_reqs + 1]
+        self._spec_overhead = 0.0     # the last speculative step's seconds outside the forward
+        self._last_propose_end: float | None = None    # when the last drafts were returned
         self.step_started_at: float | None = None   # set by the _prepare_inputs patch
         logger.info("TreeProposer: drafter=%s builder=%s budget=%d config=%s", self.drafter.name,
                     self.config.tree.builder, self.node_budget, self.config.source)
@@ -264,6 +266,7 @@ class TreeProposer:
         if self.step_started_at is not None:
             self.stats.observe_step(time.perf_counter() - self.step_started_at)
             self.step_started_at = None
+        self._last_propose_end = time.perf_counter()
         return drafts
 
     def _observe_budget(self, scheduler_output: Any) -> None:
@@ -273,12 +276,18 @@ class TreeProposer:
         if self.step_started_at is None:
             self._verified = None
             return
-        seconds = time.perf_counter() - self.step_started_at
+        now = time.perf_counter()
+        seconds = now - self.step_started_at
         query = int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0)
         budgets, accepted, drafted = self._verified or ([], [], [])
         self._verified = None
         if self.gain is not None and query > 0:
-            self._observe_gain_step(scheduler_output, query, seconds, accepted, budgets)
+            # budget.gain prices a step by its whole period, drafting excluded (counted apart):
+            # the engine core's scheduling and output handling between worker steps is part of
+            # what every step costs (vLLM runs speculative configs without async scheduling)
+            period = now - self._last_propose_end if self._last_propose_end is not None else seconds
+            self._observe_gain_step(scheduler_output, query, period if period < 20 * seconds else seconds,
+                                    accepted, budgets)
         if query > 0:
             self.budget_policy.observe(query_tokens=query, step_seconds=seconds, budgets=budgets,
                                        accepted=accepted, drafted=drafted,
@@ -294,7 +303,8 @@ class TreeProposer:
             return
         self.gain.observe_step(seconds, query, bool(drafts), num_reqs + sum(accepted),
                                drafting=sum(1 for b in budgets if b > 0),
-                               drafter_seconds=self._draft_seconds)
+                               drafter_seconds=self._draft_seconds,
+                               overhead_seconds=self._spec_overhead)
 
     def _committed_rows(self, num_reqs: int) -> list[np.ndarray]:
         """Flat step rows of each request's committed tokens (see drafters.base.TargetStates)."""
@@ -530,6 +540,9 @@ class TreeProposer:
                 self.stats.observe_reach(self._reach_means())
             if self.gain is not None:
                 self.gain.observe_trees(step.req_ids, depths, accepted_len)
+        # the speculative step's own cost beyond the forward (budget.gain prices drafting with it)
+        self._spec_overhead = (time.perf_counter() - start + step.plan_seconds
+                               + (step.attn.seconds if step.attn is not None else 0.0))
         if step.num_trees:
             parts = (accepted_at - start, compacted, step.attn.seconds if step.attn is not None else 0.0)
             self.stats.observe_verify(time.perf_counter() - start, sizes, accepted_len, moved, own, parts)

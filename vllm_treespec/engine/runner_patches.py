@@ -91,6 +91,7 @@ def _wrap_prepare_inputs(original: Callable[..., Any]) -> Callable[..., Any]:
         if proposer is None:
             return result
         proposer.step_started_at = started
+        plan_started = time.perf_counter()
         num_reqs = self.input_batch.num_reqs
         step = proposer.plan_step(
             list(self.input_batch.req_ids)[:num_reqs], num_scheduled_tokens,
@@ -99,6 +100,7 @@ def _wrap_prepare_inputs(original: Callable[..., Any]) -> Callable[..., Any]:
         if not step.chain_shaped:       # see TreeStep.chain_shaped
             self.positions[step.node_rows.to(self.positions.device)] = step.positions.to(self.positions.device)
             step.slot_mapping = step_slot_mapping(self, step.node_rows)
+        step.plan_seconds = time.perf_counter() - plan_started
         set_current_step(step)
         return result
 

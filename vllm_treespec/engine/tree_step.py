@@ -129,6 +129,7 @@ class TreeStep:
                                               # compaction move K/V)
     q_rows: np.ndarray | None = None    # int64 [T] row of q_probs per tree node (-1 = none)
     q_probs: torch.Tensor | None = None  # float32 [M, V] draft q of sampled trees' expanded nodes
+    plan_seconds: float = 0.0           # planning it in `_prepare_inputs` (runner patch), for budget.gain
 
     @cached_property
     def node_local(self) -> np.ndarray:
