@@ -14,8 +14,10 @@ request emits exactly --max-tokens tokens (`ignore_eos`).
     .venv/bin/python benchmarks/bench_matrix.py --fixture tiny --configs off ngram:4 default:4 \
         --num-prompts 8 --max-tokens 16 --concurrency 1 8 --temperatures 0 0.7 --output /tmp/m.json
 
-Configs (--configs): `off`; `ngram:K` (vLLM's ngram, n-gram range 1..4); `suffix:K` (vLLM's
-SuffixDecoding, needs the arctic-inference package: benchmarks/install_suffix.sh); `default:K`
+Configs (--configs): `off`; `off-sync` (no speculation and `--no-async-scheduling`: vLLM 0.32
+turns async scheduling off for every speculative method but EAGLE/MTP, draft_model and the
+GPU ngram, so this shows what a speculative config pays for that alone); `ngram:K` (vLLM's
+ngram, n-gram range 1..4); `suffix:K` (vLLM's SuffixDecoding, needs the arctic-inference package: benchmarks/install_suffix.sh); `default:K`
 (treespec with no `treespec` key in --additional-config: the plugin's default preset);
 `PRESET:K` (treespec with that preset name, YAML path or inline JSON mapping, e.g.
 `demo/lookup-trie-distilled:32`). `off` is always served (added first when not named).
@@ -70,7 +72,7 @@ DEFAULT_CONFIGS = ["off", "ngram:12", "suffix:24", "default:8", "demo/lookup-tri
 SERVER_GIB = 3.2            # RSS of one server (API server + engine core + worker): 2.9-3.0 GB measured on tiny
 WARMUP_MAX_TOKENS = 16
 BASELINE = "off"
-SPEC_FORMS = ("expected off, ngram:K, suffix:K, default:K or PRESET:K (PRESET a preset name, "
+SPEC_FORMS = ("expected off, off-sync, ngram:K, suffix:K, default:K or PRESET:K (PRESET a preset name, "
               "YAML path or inline JSON mapping; K a positive integer)")
 
 
@@ -95,6 +97,8 @@ def parse_config(spec: str) -> MatrixConfig:
     spec = spec.strip()
     if spec == "off":
         return MatrixConfig(spec, "off", "off", None, no_spec().args)
+    if spec == "off-sync":      # no speculation, and no async scheduling (what any spec config gets)
+        return MatrixConfig(spec, "off-sync", "off-sync", None, (*no_spec().args, "--no-async-scheduling"))
     name, sep, k_text = spec.rpartition(":")
     if not sep or not name.strip():
         raise ValueError(f"config {spec!r}: {SPEC_FORMS}")

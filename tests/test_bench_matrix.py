@@ -60,8 +60,8 @@ def test_config_specs():
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("ngram", "expected off, ngram:K"),
-    (":8", "expected off, ngram:K"),
+    ("ngram", "expected off, off-sync, ngram:K"),
+    (":8", "expected off, off-sync, ngram:K"),
     ("ngram:0", "K must be a positive integer"),
     ("ngram:-3", "K must be a positive integer"),
     ("suffix:x", "K must be a positive integer"),
@@ -248,3 +248,9 @@ def test_heatmap_writes_png(tmp_path):
              {"regime": "T=1 c=8", "configs": {"ngram K=4": {"ratio": None}, "default K=4": {"ratio": 1.0, "tau": None}}}]
     png = bm.plot_heatmap(cells, ["ngram K=4", "default K=4"], tmp_path / "m.png", "title")
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_off_sync_is_no_speculation_without_async_scheduling():
+    cfg = bm.parse_config("off-sync")
+    assert cfg.kind == "off-sync" and cfg.label == "off-sync" and cfg.k is None
+    assert "--no-async-scheduling" in cfg.args and "--speculative-config" not in cfg.args
