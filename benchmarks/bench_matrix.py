@@ -17,10 +17,10 @@ request emits exactly --max-tokens tokens (`ignore_eos`).
 Configs (--configs): `off`; `off-sync` (no speculation and `--no-async-scheduling`: vLLM 0.32
 turns async scheduling off for every speculative method but EAGLE/MTP, draft_model and the
 GPU ngram, so this shows what a speculative config pays for that alone); `ngram:K` (vLLM's
-ngram, n-gram range 1..4); `suffix:K` (vLLM's SuffixDecoding, needs the arctic-inference package: benchmarks/install_suffix.sh); `default:K`
-(treespec with no `treespec` key in --additional-config: the plugin's default preset);
-`PRESET:K` (treespec with that preset name, YAML path or inline JSON mapping, e.g.
-`demo/lookup-trie-distilled:32`). `off` is always served (added first when not named).
+ngram, n-gram range 1..4); `suffix:K` (vLLM's SuffixDecoding, needs the arctic-inference
+package: benchmarks/install_suffix.sh); `default:K` (treespec with no `treespec` key in
+--additional-config: the plugin's default preset); `PRESET:K` (treespec with that preset name,
+YAML path or inline JSON mapping, e.g. `demo/lookup-trie-distilled:32`). `off` is always served (added first when not named).
 
 Fairness on a 2-core machine. All servers start up front (one after the other, ~2.5 GB RSS
 each: the free memory is checked first), get a short warm-up, then TAKE TURNS: in each regime

@@ -53,7 +53,7 @@ def test_requests_whose_drafts_pay_draft_and_others_stop():
 
 
 def test_rows_get_dearer_with_load_and_trees_shrink():
-    gain = GainControl(16)
+    gain = GainControl(16, margin=1.0)
     _learn(gain, "r", 16, 6)
     light = gain.decide("r", 16, costs=(0.03, 0.3)).nodes
     heavy = gain.decide("r", 16, costs=(0.6, 0.3)).nodes
@@ -124,3 +124,12 @@ def test_gain_config_is_checked():
                      "budget": {"gain": {"probe_every": 16, "max_probe_every": 4}}}, 8)
     with pytest.raises(ConfigError, match="budget.gain.enabld"):
         load_config({"preset": "prompt-lookup", "budget": {"gain": {"enabld": True}}}, 8)
+
+
+def test_margin_stops_drafts_the_model_rates_break_even():
+    plain, careful = GainControl(8, margin=1.0), GainControl(8, margin=2.0)
+    for g in (plain, careful):
+        _learn(g, "r", 8, 1)          # about one token accepted per step
+    costs = (0.1, 0.45)
+    assert plain.decide("r", 8, costs=costs).nodes > 0
+    assert careful.decide("r", 8, costs=costs).nodes == 0

@@ -431,6 +431,10 @@ class GainConfig:
         "tokens, must not depend on other traffic, so measured costs are not used for them) ..."))
     fixed_request_cost: float = spec(0.5, ge=0.0, le=64.0, doc=(
         "... and the fixed cost of drafting at all in a step, in tokens."))
+    margin: float = spec(1.5, ge=1.0, le=100.0, doc=(
+        "Measured costs are multiplied by this before deciding: drafts the cost model rates "
+        "break-even measured slower than no drafts (costs it does not see), so a request drafts "
+        "only what clearly pays."))
 
     def validate(self, prefix: str) -> None:
         if self.max_probe_every < self.probe_every:

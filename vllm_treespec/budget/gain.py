@@ -124,13 +124,19 @@ class GainControl:
     `probe_every` / `max_probe_every`: steps a stopped request waits before a probe (doubling
     after each probe that accepted nothing, up to the maximum); `probe_nodes`: a probe's size;
     `fixed_row_cost` / `fixed_request_cost`: the costs in tokens that seeded sampled requests
-    are decided with; `prior` / `prior_weight` / `decay`: the per-request acceptance model."""
+    are decided with; `margin`: measured costs are multiplied by it before deciding (what a
+    speculative step costs beyond the model, e.g. the engine's per-step spec-decode handling,
+    makes drafts that the model rates break-even lose: docs/never-slower.md); `prior` / `prior_weight` / `decay`: the per-request acceptance model."""
 
     def __init__(self, max_depth: int, *, probe_every: int = 8, max_probe_every: int = 64,
                  probe_nodes: int = 2, fixed_row_cost: float = 0.05, fixed_request_cost: float = 0.5,
-                 prior: float = 0.8, prior_weight: float = 1.0, decay: float = 0.1) -> None:
-        if max_depth < 1 or probe_every < 1 or max_probe_every < probe_every or probe_nodes < 1:
-            raise ValueError("need max_depth >= 1, 1 <= probe_every <= max_probe_every, probe_nodes >= 1")
+                 margin: float = 1.5, prior: float = 0.8, prior_weight: float = 1.0,
+                 decay: float = 0.1) -> None:
+        if max_depth < 1 or probe_every < 1 or max_probe_every < probe_every or probe_nodes < 1 \
+                or margin < 1.0:
+            raise ValueError("need max_depth >= 1, 1 <= probe_every <= max_probe_every, probe_nodes >= 1, "
+                             "margin >= 1")
+        self.margin = float(margin)
         self.max_depth = int(max_depth)
         self.probe_every, self.max_probe_every = int(probe_every), int(max_probe_every)
         self.probe_nodes = int(probe_nodes)
@@ -166,6 +172,7 @@ class GainControl:
             row_cost, request_cost = self.fixed_row_cost, self.fixed_request_cost
         else:
             row_cost, request_cost = costs if costs is not None else self.measured_costs()
+            row_cost, request_cost = self.margin * row_cost, self.margin * request_cost
         reach = self.reach.reach(req_id)[:cap]
         n = int(np.count_nonzero(reach >= row_cost)) if row_cost > 0 else cap
         # reach is non-increasing (a cumulative product), so the first n depths are those above
