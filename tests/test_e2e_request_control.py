@@ -1,4 +1,4 @@
-"""Per-request control through `extra_args` ({"treespec": {"max_nodes": N}}) and budget.gain,
+"""Per-request control through `extra_args` ({"treespec_max_nodes": N}) and budget.gain,
 through a real vLLM engine (offline `LLM`, CPU, fp32): greedy outputs stay equal to speculation
 off whether a request opts out, caps its nodes, or shares steps with requests that draft; an
 opted-out request drafts nothing; a cap bounds every tree; a step in which nobody drafts is a
@@ -19,7 +19,7 @@ PROMPTS = corpus.held_out_prompts(16, prompt_chars=400, seed=11)
 
 
 def _opt(max_nodes: int | None) -> dict:
-    return {} if max_nodes is None else {"extra_args": {"treespec": {"max_nodes": max_nodes}}}
+    return {} if max_nodes is None else {"extra_args": {"treespec_max_nodes": max_nodes}}
 
 
 def _phases(caps: list[int | None]) -> list[dict]:

@@ -84,8 +84,8 @@ def served(code_lm_model):
             aborted = [_abort_mid_stream(server.base_url, server.model, p) for p in PROMPTS[:4]]
             second = run_load(server, PROMPTS, max_tokens=48, concurrency=8)
             xargs = [_post_with_xargs(server.base_url, server.model, x) for x in
-                     ({"treespec": {"max_nodes": -1}}, {"treespec": {"max_nodez": 2}},
-                      {"treespec": {"max_nodes": 0}})]
+                     ({"treespec_max_nodes": -1}, {"treespec_max_nodez": 2},
+                      {"treespec_max_nodes": 0})]
             health = urllib.request.urlopen(server.base_url + "/health", timeout=10).status
         results[name] = dict(first=[r.output_key() for r in first.requests],
                              second=[r.output_key() for r in second.requests],
@@ -127,6 +127,6 @@ def test_every_tree_series_is_labelled_with_the_served_model_like_vllms(served):
 
 def test_bad_per_request_options_get_a_400_naming_the_key(served):
     (bad_status, bad_body), (typo_status, typo_body), (ok_status, _) = served["tree"]["xargs"]
-    assert bad_status == 400 and "extra_args.treespec.max_nodes" in bad_body
-    assert typo_status == 400 and "extra_args.treespec.max_nodez" in typo_body
+    assert bad_status == 400 and "extra_args.treespec_max_nodes" in bad_body, bad_body
+    assert typo_status == 400 and "extra_args.treespec_max_nodez" in typo_body, typo_body
     assert ok_status == 200 and served["tree"]["health"] == 200

@@ -39,7 +39,8 @@ def static_blocker(params: Any) -> str | None:
         value = getattr(params, attr, unused)
         if attr == "extra_args" and isinstance(value, dict):
             # our own per-request options (engine/request_options.py) feed no logits processor
-            value = {k: v for k, v in value.items() if k != "treespec"}
+            value = {k: v for k, v in value.items()
+                     if not (isinstance(k, str) and k.startswith("treespec_"))}
         if _used(value, unused):
             return reason
     return None
