@@ -82,7 +82,22 @@ def test_a_probe_that_accepts_resumes_drafting():
     assert gain.decide("r", 8, costs=costs).probe
     for _ in range(5):                                   # the text turned repetitive
         gain.observe_trees(["r"], [2], [2])
-    assert gain.decide("r", 8, costs=costs).nodes >= 2
+    d = gain.decide("r", 8, costs=costs)
+    assert d.nodes >= 2 and not d.probe
+
+
+def test_probes_that_accept_too_little_to_pay_still_back_off():
+    gain = GainControl(8, probe_every=2, max_probe_every=16, probe_nodes=2)
+    _learn(gain, "r", 8, 0)
+    costs = (0.2, 1.0)
+    probes = []
+    for step in range(60):
+        d = gain.decide("r", 8, costs=costs)
+        if d.nodes:
+            assert d.probe
+            probes.append(step)
+            gain.observe_trees(["r"], [2], [1])          # one token: not enough to draft
+    assert np.diff(probes).tolist()[:3] == [4, 8, 16]
 
 
 def test_seeded_sampled_decisions_ignore_measured_costs():

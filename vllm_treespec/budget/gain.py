@@ -7,7 +7,8 @@ tokens it is expected to add exceed the tokens its verification costs the batch;
 worth drafting at all when its nodes' net gain exceeds the fixed cost of a speculative step
 (drafting, spec-decode metadata, tree acceptance). Requests whose drafts do not pay stop drafting
 (no rows, no drafter call; a step where nobody drafts is a plain step, runner_patches) and are
-probed again now and then with a small draft, on a schedule that backs off while probes fail.
+probed again now and then with a small draft, on a schedule that backs off until drafting
+pays again.
 
 Per request, step and candidate depth d the controller compares
     reach(d)                                      P(the request accepts through depth d), its own
@@ -193,17 +194,16 @@ class GainControl:
     # -- observations --------------------------------------------------------------------------
     def observe_trees(self, req_ids: Sequence[str], depths: Sequence[int], accepted: Sequence[int]) -> None:
         """One verified step: per drafted request its deepest node's depth and accepted length.
-        A probe that accepted nothing doubles the request's probe interval; one that accepted
-        resets it."""
+        Every probe doubles the request's probe interval (up to the maximum): a probe makes its
+        whole step speculative, so a request whose probes accept a little but not enough to
+        draft must not probe often; the interval resets when its acceptance makes drafting pay
+        again (`decide`)."""
         self.reach.observe(req_ids, depths, accepted)
-        for req_id, acc in zip(req_ids, accepted):
+        for req_id in req_ids:
             if req_id in self._probing:
                 self._probing.discard(req_id)
-                if acc > 0:
-                    self._interval[req_id] = self.probe_every
-                else:
-                    self._interval[req_id] = min(2 * self._interval.get(req_id, self.probe_every),
-                                                 self.max_probe_every)
+                self._interval[req_id] = min(2 * self._interval.get(req_id, self.probe_every),
+                                             self.max_probe_every)
 
     def observe_step(self, seconds: float, rows: int, speculative: bool, emitted: int,
                      drafting: int = 0, drafter_seconds: float = 0.0,
