@@ -60,25 +60,47 @@ def test_rows_get_dearer_with_load_and_trees_shrink():
     assert 0 < heavy < light
 
 
-def test_stopped_requests_are_probed_with_backoff():
-    gain = GainControl(8, probe_every=2, max_probe_every=8, probe_nodes=2)
-    _learn(gain, "r", 8, 0)
-    costs = (0.1, 1.0)
+def _probe_steps(gain: GainControl, req: str, steps: int, costs: tuple[float, float],
+                 accepted: int = 0) -> list[int]:
     probes = []
-    for step in range(40):
-        d = gain.decide("r", 8, costs=costs)
+    for step in range(1, steps + 1):
+        gain.begin_step()
+        d = gain.decide(req, 8, costs=costs)
         if d.nodes:
             assert d.probe and d.nodes == 2
             probes.append(step)
-            gain.observe_trees(["r"], [2], [0])          # the probe accepted nothing
-    gaps = np.diff(probes).tolist()
-    assert gaps[:3] == [4, 8, 8], gaps                   # 2 -> 4 -> 8 (capped) steps apart
+            gain.observe_trees([req], [2], [accepted])
+    return probes
+
+
+def test_stopped_requests_are_probed_with_backoff():
+    gain = GainControl(8, probe_every=2, max_probe_every=8, probe_nodes=2)
+    _learn(gain, "r", 8, 0)
+    probes = _probe_steps(gain, "r", 60, (0.1, 1.0))
+    assert all(p % 2 == 0 for p in probes)                 # on the shared clock
+    assert np.diff(probes).tolist()[:4] == [2, 4, 8, 8], probes    # 2 -> 4 -> 8 (capped)
+
+
+def test_unseeded_requests_probe_in_the_same_steps():
+    """One speculative step serves every due probe: its overhead is paid once."""
+    gain = GainControl(8, probe_every=4, max_probe_every=16)
+    for r in ("a", "b", "c"):
+        _learn(gain, r, 8, 0)
+    steps = {r: [] for r in ("a", "b", "c")}
+    for step in range(1, 80):
+        gain.begin_step()
+        for r in steps:
+            if gain.decide(r, 8, costs=(0.1, 1.0)).nodes:
+                steps[r].append(step)
+                gain.observe_trees([r], [2], [0])
+    assert steps["a"] == steps["b"] == steps["c"] and steps["a"]
 
 
 def test_a_probe_that_accepts_resumes_drafting():
     gain = GainControl(8, probe_every=1, probe_nodes=2)
     _learn(gain, "r", 8, 0)
     costs = (0.05, 0.3)
+    gain.begin_step()
     assert gain.decide("r", 8, costs=costs).probe
     for _ in range(5):                                   # the text turned repetitive
         gain.observe_trees(["r"], [2], [2])
@@ -89,15 +111,8 @@ def test_a_probe_that_accepts_resumes_drafting():
 def test_probes_that_accept_too_little_to_pay_still_back_off():
     gain = GainControl(8, probe_every=2, max_probe_every=16, probe_nodes=2)
     _learn(gain, "r", 8, 0)
-    costs = (0.2, 1.0)
-    probes = []
-    for step in range(60):
-        d = gain.decide("r", 8, costs=costs)
-        if d.nodes:
-            assert d.probe
-            probes.append(step)
-            gain.observe_trees(["r"], [2], [1])          # one token: not enough to draft
-    assert np.diff(probes).tolist()[:3] == [4, 8, 16]
+    probes = _probe_steps(gain, "r", 80, (0.2, 1.0), accepted=1)   # one token: not enough
+    assert np.diff(probes).tolist()[:4] == [2, 4, 8, 16], probes
 
 
 def test_seeded_sampled_decisions_ignore_measured_costs():
@@ -112,6 +127,7 @@ def test_seeded_sampled_decisions_ignore_measured_costs():
 def test_release_forgets_requests():
     gain = GainControl(8, probe_every=1)
     _learn(gain, "r", 8, 0, times=2)
+    gain.begin_step()
     gain.decide("r", 8, costs=(0.5, 1.0))
     assert gain.tracked() == 1
     gain.release(["r"])

@@ -149,6 +149,7 @@ class GainControl:
         self._waited: dict[str, int] = {}    # stopped requests: steps since their last draft
         self._interval: dict[str, int] = {}  # their current probe interval
         self._probing: set[str] = set()      # requests whose last draft was a probe
+        self._step = 0                       # steps decided (the shared probe clock)
         self.last_costs = (0.0, 0.0)         # (row_cost, request_cost) in tokens, for stats
 
     # -- costs -------------------------------------------------------------------------------
@@ -162,6 +163,10 @@ class GainControl:
         return row * rate, (overhead / max(self._drafting, 1) + self._drafter_seconds) * rate
 
     # -- decisions ---------------------------------------------------------------------------
+    def begin_step(self) -> None:
+        """Advance the shared probe clock: call once per step, before that step's `decide`s."""
+        self._step += 1
+
     def decide(self, req_id: str, cap: int, seeded_sampled: bool = False,
                costs: tuple[float, float] | None = None) -> GainDecision:
         """The request's nodes this step, at most `cap` (its budget from the mode, room and
@@ -184,7 +189,12 @@ class GainControl:
             return GainDecision(n)
         waited = self._waited.get(req_id, 0) + 1
         interval = self._interval.get(req_id, self.probe_every)
-        if waited >= interval:
+        # A probe makes its whole step speculative (tree acceptance for every request in it), so
+        # unseeded requests probe together, on the steps that are multiples of their interval;
+        # a seeded request keeps its own clock (its tokens must not depend on other traffic).
+        due = waited >= interval if seeded_sampled else (
+            waited >= (interval + 1) // 2 and self._step % interval == 0)
+        if due:
             self._waited[req_id] = 0
             self._probing.add(req_id)
             return GainDecision(min(cap, self.probe_nodes), probe=True)

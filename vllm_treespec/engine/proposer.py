@@ -346,6 +346,8 @@ class TreeProposer:
         budget = min(budget, chosen)
         caps = [min(budget, max(self.max_model_len - t, 0)) if d else 0 for t, d in zip(lengths, decoding)]
         gain_costs = None     # budget.gain's row and request costs, once per step
+        if self.gain is not None:
+            self.gain.begin_step()
         for i, cap in enumerate(caps):
             if cap:
                 reason = self.blocker(req_ids[i], runner)
