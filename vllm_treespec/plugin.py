@@ -2,9 +2,10 @@
 
 vLLM calls `register()` in every process it starts (API server, engine core, workers), whether or
 not this plugin is configured, so it stays nearly inert: no heavy imports and one patch only, the
-check of a request's `treespec` extra arguments (engine/request_options.py), which acts on
-requests that carry that key and nothing else (a bad value is a 400 in the API server, which
-never constructs a TreeProposer). The plugin becomes active only when a TreeProposer is constructed, i.e. when the engine was
+check of a request's `treespec_*` extra arguments (engine/request_options.py), which acts on
+requests that carry such keys and nothing else (a bad value is a 400 in the API server, which
+never constructs a TreeProposer), installed only where vLLM already imported its SamplingParams.
+The plugin becomes active only when a TreeProposer is constructed, i.e. when the engine was
 configured with `--speculative-config '{"model": "vllm_treespec.TreeProposer", ...}'`; that is
 when `activate()` checks the vLLM version and installs the runner patches.
 """

@@ -19,8 +19,9 @@ and drafts n = the deepest d with reach(d) >= row_cost, if
                                                   requests + drafter seconds, in tokens)
 where row_seconds, the speculative step's overhead and tokens_per_second are measured online from
 decode steps (`StepCost`: step seconds = base + row_seconds * rows, fitted by exponentially
-weighted least squares, plus the overhead the engine times in every speculative step). As the batch grows the rate grows and so does the row
-cost, so trees shrink with load; on hardware where rows are nearly free they grow.
+weighted least squares, plus the overhead the engine times in every speculative step). As the
+batch grows the rate grows and so does the row cost, so trees shrink with load; on hardware where
+rows are nearly free they grow.
 
 Seeded sampled requests: their tokens depend on their tree shapes (the coins of verify/coins.py
 sample whichever nodes exist), so their decisions use only their own history and the fixed costs
@@ -123,11 +124,12 @@ class GainDecision:
 class GainControl:
     """See the module docstring. `max_depth`: the most nodes any request may get;
     `probe_every` / `max_probe_every`: steps a stopped request waits before a probe (doubling
-    after each probe that accepted nothing, up to the maximum); `probe_nodes`: a probe's size;
+    after each probe until drafting pays again, up to the maximum); `probe_nodes`: a probe's size;
     `fixed_row_cost` / `fixed_request_cost`: the costs in tokens that seeded sampled requests
     are decided with; `margin`: measured costs are multiplied by it before deciding (what a
     speculative step costs beyond the model, e.g. the engine's per-step spec-decode handling,
-    makes drafts that the model rates break-even lose: docs/never-slower.md); `prior` / `prior_weight` / `decay`: the per-request acceptance model."""
+    makes drafts that the model rates break-even lose: docs/never-slower.md); `prior` /
+    `prior_weight` / `decay`: the per-request acceptance model."""
 
     def __init__(self, max_depth: int, *, probe_every: int = 8, max_probe_every: int = 64,
                  probe_nodes: int = 2, fixed_row_cost: float = 0.05, fixed_request_cost: float = 0.5,
@@ -150,7 +152,6 @@ class GainControl:
         self._interval: dict[str, int] = {}  # their current probe interval
         self._probing: set[str] = set()      # requests whose last draft was a probe
         self._step = 0                       # steps decided (the shared probe clock)
-        self.last_costs = (0.0, 0.0)         # (row_cost, request_cost) in tokens, for stats
 
     # -- costs -------------------------------------------------------------------------------
     def measured_costs(self) -> tuple[float, float]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm_treespec.engine.request_options import is_option_key
+
 __all__ = ["tree_blocker", "static_blocker", "pending_min_tokens", "STATIC_BLOCKERS"]
 
 # (attribute, value meaning "not used", reason) — request options fixed for a request's life.
@@ -39,8 +41,7 @@ def static_blocker(params: Any) -> str | None:
         value = getattr(params, attr, unused)
         if attr == "extra_args" and isinstance(value, dict):
             # our own per-request options (engine/request_options.py) feed no logits processor
-            value = {k: v for k, v in value.items()
-                     if not (isinstance(k, str) and k.startswith("treespec_"))}
+            value = {k: v for k, v in value.items() if not is_option_key(k)}
         if _used(value, unused):
             return reason
     return None

@@ -24,7 +24,7 @@ import torch
 
 from vllm_treespec.budget import make_budget_policy
 from vllm_treespec.budget.gain import GainControl
-from vllm_treespec.budget.reach import ReachCap
+from vllm_treespec.budget.reach import SAMPLED, ReachCap
 from vllm_treespec.config import TreespecConfig, from_additional_config
 from vllm_treespec.drafters import DraftInputs, make_drafter
 from vllm_treespec.drafters.base import TargetStates
@@ -244,9 +244,8 @@ class TreeProposer:
         except RequestOptionError as e:       # checked at admission; never guess past a bad value
             logger.warning("TreeProposer: %s; the request is served without drafts", e)
             st.max_nodes = 0
-        temperature = getattr(params, "temperature", None)
-        st.seeded_sampled = (getattr(params, "seed", None) is not None and temperature is not None
-                             and float(temperature) >= 1e-5)
+        st.seeded_sampled = (getattr(params, "seed", None) is not None and
+                             ReachCap.sampling_class(getattr(params, "temperature", None)) == SAMPLED)
 
     # -- drafting --------------------------------------------------------------------------
     def propose_step(self, runner: Any, scheduler_output: Any, sampled_token_ids: list[list[int]],
@@ -446,11 +445,11 @@ class TreeProposer:
         include = np.asarray(rows, dtype=np.int64)
         own_logits = logits[torch.from_numpy(include)].clone()    # vLLM's sampler edits logits in place
         out = vllm_sample()
-        step = plan_tree_step([batch_ids[i] for i in rows], np.ones(len(rows), dtype=np.int64), {}, {},
-                              np.arange(len(rows) + 1, dtype=np.int64),
-                              runner.input_batch.num_computed_tokens_cpu[include])
         ids = [batch_ids[i] for i in rows]
         sub = [params[i] for i in rows]
+        step = plan_tree_step(ids, np.ones(len(rows), dtype=np.int64), {}, {},
+                              np.arange(len(rows) + 1, dtype=np.int64),
+                              runner.input_batch.num_computed_tokens_cpu[include])
         gens = acceptance_generators(self.generators, ids, sub, getattr(runner, "device", "cpu"))
         tokens, _ = verify_step(step, own_logits, sub, gens, None, None,
                                 coin_rows=self.num_speculative_tokens + 1)

@@ -14,7 +14,6 @@ in every process; it only acts on requests that carry a `treespec_*` key.
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -81,12 +80,9 @@ REGISTRY.register(Patch(
 
 
 def install() -> None:
-    """Install the request check once per process (the plugin's register() calls this). vLLM
-    has imported its SamplingParams by the time it loads plugins in the processes that build
-    requests (API server, offline LLM); elsewhere (a bare interpreter, a test) there is nothing
-    to check and nothing heavy is imported."""
-    if "vllm.sampling_params" not in sys.modules:
-        return
+    """Install the request check once per process (idempotent; imports vLLM's SamplingParams).
+    The plugin's register() calls it only where vLLM already imported SamplingParams (the
+    processes that build requests: API server, offline LLM), `activate()` in the worker."""
     for patch in REGISTRY.patches:
         if not REGISTRY.is_installed(patch.target):
             if REGISTRY.signature_mismatches():
