@@ -17,6 +17,8 @@ Why each exists:
   slot gather (compaction cannot move anything there).
 - `_sample`: tree acceptance and KV compaction instead of the linear rejection sampler
   (engine/tree_verifier.py); the plan is withdrawn afterwards.
+- `sample_tokens`: the step's drafts ride on its output to the engine core instead of a separate
+  `take_draft_token_ids` round trip (engine/draft_handoff.py).
 - `compile_or_warm_up_model` (CPU worker and CUDA worker; the CPU one overrides the CUDA one):
   after vLLM's warm-up, the auto budget policy's startup profile of step time versus query
   tokens (engine/verify_profile.py).
@@ -146,6 +148,18 @@ def _wrap_sample(original: Callable[..., Any]) -> Callable[..., Any]:
     return _sample
 
 
+def _wrap_sample_tokens(original: Callable[..., Any]) -> Callable[..., Any]:
+    def sample_tokens(self, grammar_output):
+        output = original(self, grammar_output)
+        if _tree_proposer(self) is None:
+            return output
+        from vllm_treespec.engine.draft_handoff import attach_drafts
+
+        return attach_drafts(self, output)
+
+    return sample_tokens
+
+
 def _wrap_warm_up(original: Callable[..., Any]) -> Callable[..., Any]:
     def compile_or_warm_up_model(self):
         out = original(self)
@@ -197,6 +211,14 @@ REGISTRY.register(Patch(
         "vllm.v1.spec_decode.metadata.SpecDecodeMetadata | None) -> vllm.v1.outputs.SamplerOutput"),
     make=_wrap_sample,
     why="tree acceptance and KV compaction instead of the linear rejection sampler",
+))
+REGISTRY.register(Patch(
+    target=f"{RUNNER}.sample_tokens",
+    expected_signature=(
+        "(self, grammar_output: 'GrammarOutput | None') -> vllm.v1.outputs.ModelRunnerOutput | "
+        "vllm.v1.outputs.AsyncModelRunnerOutput | vllm.sequence.IntermediateTensors"),
+    make=_wrap_sample_tokens,
+    why="send the step's drafts with its output instead of a take_draft_token_ids round trip",
 ))
 for _worker in ("vllm.v1.worker.cpu_worker:CPUWorker", "vllm.v1.worker.gpu_worker:Worker"):
     REGISTRY.register(Patch(

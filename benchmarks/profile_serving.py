@@ -1,0 +1,159 @@
+"""Profile served vLLM processes (API server, engine core) under load, one config at a time.
+
+Why: a speculative server with nothing drafted measured slower than no speculation served, but
+not offline; this shows where each serving process spends its time per generated token. Each
+config gets its own server (started alone, warmed up), then `py-spy record --subprocesses`
+samples every process of its group while `--concurrency` clients replay unseen prompts. Output:
+the raw collapsed stacks per config, and a table of inclusive samples per function (per 1000
+output tokens), configs side by side.
+
+Needs py-spy (`pip install py-spy`, any location; pass --py-spy if it is not on PATH).
+
+    .venv/bin/python benchmarks/profile_serving.py --configs off-sync \
+        benchmarks/configs/drafting-off.yaml:12 --temperature 0.7 --concurrency 8
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--fixture", default="code-lm")
+    p.add_argument("--model-dir", default=None)
+    p.add_argument("--configs", nargs="+", required=True, metavar="SPEC", help="bench_matrix.py config specs")
+    p.add_argument("--num-prompts", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
+    p.add_argument("--py-spy", default=shutil.which("py-spy") or "py-spy")
+    p.add_argument("--top", type=int, default=45, help="functions in the table")
+    p.add_argument("--output", type=Path, default=None, help="table path (default results/profile_serving_...)")
+    return p.parse_args(argv)
+
+
+def inclusive_counts(raw: str) -> tuple[collections.Counter, dict[str, int]]:
+    """Collapsed stacks ("proc;frame;frame count") -> samples per frame (counted once per stack) and
+    samples per process (the first frame, py-spy's process label)."""
+    frames: collections.Counter = collections.Counter()
+    procs: dict[str, int] = collections.defaultdict(int)
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        parts = stack.split(";")
+        procs[_process_label(parts[0])] += n
+        for frame in set(parts[1:]):
+            frames[_short(frame)] += n
+    return frames, procs
+
+
+def _process_label(first: str) -> str:
+    return first.split("(")[0].strip() or first
+
+
+def _short(frame: str) -> str:
+    """'fn (path/to/module.py:123)' -> 'fn (module.py)'; line numbers dropped so calls merge."""
+    name, _, where = frame.partition(" (")
+    file = where.split(":")[0].rsplit("/", 1)[-1]
+    return f"{name} ({file})" if file else name
+
+
+def profile_one(cfg: Any, model_dir: Path, base_args: tuple[str, ...], prompts: list[str], warmup: list[str],
+                ns: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
+    from vllm_treespec.serving import run_load, serve
+
+    raw_path = out_dir / f"{cfg.label.replace(' ', '_').replace('/', '_')}.raw.txt"
+    with serve(model_dir, cfg.args, base_args=base_args) as server:
+        run_load(server, warmup, max_tokens=32, concurrency=ns.concurrency, temperature=ns.temperature)
+        time.sleep(1.5)
+        spy = subprocess.Popen([ns.py_spy, "record", "--pid", str(server.proc.pid), "--subprocesses",
+                                "--rate", str(ns.rate), "--format", "raw", "--output", str(raw_path),
+                                "--nonblocking"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(2.0)            # py-spy attaches
+        load = run_load(server, prompts, max_tokens=ns.max_tokens, concurrency=ns.concurrency,
+                        temperature=ns.temperature)
+        spy.send_signal(2)         # SIGINT: py-spy writes what it has
+        _, err = spy.communicate(timeout=60)
+    raw = raw_path.read_text() if raw_path.exists() else ""
+    if not raw:
+        raise SystemExit(f"py-spy recorded nothing for {cfg.label}: {err.decode()[-500:]}")
+    frames, procs = inclusive_counts(raw)
+    return {"label": cfg.label, "tokens": load.output_tokens, "wall_s": load.wall_s,
+            "tok_s": load.output_tokens / load.wall_s, "frames": frames, "procs": dict(procs),
+            "raw": str(raw_path)}
+
+
+def table(results: list[dict[str, Any]], top: int) -> str:
+    per_k = [1000.0 / r["tokens"] for r in results]
+    union: collections.Counter = collections.Counter()
+    for r, k in zip(results, per_k):
+        for f, n in r["frames"].items():
+            union[f] = max(union[f], n * k)
+    lines = ["samples per 1000 output tokens (inclusive; higher = more time)", "",
+             "| function | " + " | ".join(r["label"] for r in results) + " |",
+             "| --- |" + " --- |" * len(results)]
+    for f, _ in union.most_common(top):
+        lines.append(f"| `{f}` | " + " | ".join(f"{r['frames'].get(f, 0) * k:.0f}"
+                                                for r, k in zip(results, per_k)) + " |")
+    lines += ["", "| process | " + " | ".join(r["label"] for r in results) + " |",
+              "| --- |" + " --- |" * len(results)]
+    for p in sorted({p for r in results for p in r["procs"]}):
+        lines.append(f"| {p} | " + " | ".join(f"{r['procs'].get(p, 0) * k:.0f}"
+                                              for r, k in zip(results, per_k)) + " |")
+    lines += ["", "| | " + " | ".join(r["label"] for r in results) + " |", "| --- |" + " --- |" * len(results),
+              "| tok/s under the profiler | " + " | ".join(f"{r['tok_s']:.0f}" for r in results) + " |"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bench_matrix import parse_configs, serve_args_default_dtype
+    from bench_serving import resolve_model
+    from unseen_prompts import build_prompts
+    from vllm_treespec.fixtures.prebuild import prebuild_engine_fixtures
+    from vllm_treespec.report import hardware_info, hardware_line
+    from vllm_treespec.serving import CPU_SERVE_ARGS
+
+    ns = parse_args(argv)
+    configs = parse_configs(ns.configs)
+    _, model_dir, _ = resolve_model(ns)
+    for c in configs:
+        if c.kind == "treespec":
+            prebuild_engine_fixtures(c.engine_kwargs, model_dir)
+    pool = build_prompts(ns.num_prompts + ns.concurrency, seed=1)
+    prompts = [p.text for p in pool[:ns.num_prompts]]
+    warmup = [p.text for p in pool[ns.num_prompts:]]
+    stem = f"profile_serving_t{ns.temperature:g}_c{ns.concurrency}_{ns.fixture}".replace(".", "")
+    out_dir = RESULTS / stem
+    out_dir.mkdir(parents=True, exist_ok=True)
+    base_args = serve_args_default_dtype(CPU_SERVE_ARGS)
+    results = [profile_one(c, model_dir, base_args, prompts, warmup, ns, out_dir) for c in configs]
+    header = (f"# Served profile, {ns.num_prompts} unseen prompts x {ns.max_tokens} tokens, "
+              f"{ns.concurrency} clients, T={ns.temperature:g}, py-spy {ns.rate} Hz\n"
+              f"# {hardware_line(hardware_info())}\n# rerun: {' '.join(sys.argv)}\n\n")
+    text = header + table(results, ns.top)
+    out = ns.output or RESULTS / f"{stem}.md"
+    out.write_text(text)
+    print(text)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
