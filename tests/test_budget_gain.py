@@ -164,3 +164,45 @@ def test_margin_stops_drafts_the_model_rates_break_even():
     costs = (0.1, 0.45)
     assert plain.decide("r", 8, costs=costs).nodes > 0
     assert careful.decide("r", 8, costs=costs).nodes == 0
+
+
+def _class_history(gain: GainControl, cls: str, accepted: int, requests: int = 12) -> None:
+    """Finished requests of class `cls` whose 8-node drafts accepted `accepted` tokens."""
+    for i in range(requests):
+        req = f"{cls}-old{i}"
+        for _ in range(5):
+            gain.begin_step()
+            if gain.decide(req, 8, costs=(0.05, 0.3), cls=cls).nodes:
+                gain.observe_trees([req], [8], [accepted])
+        gain.release([req])
+
+
+def test_new_requests_start_from_their_class_acceptance():
+    """At T=0.7 a new request does not open with a full draft its class never accepts; a
+    greedy one (its class accepts) does; a seeded one ignores the class (its own history only)."""
+    gain = GainControl(8, probe_every=4)
+    _class_history(gain, "T0.7", accepted=0)
+    _class_history(gain, "greedy", accepted=7)
+    costs = (0.05, 0.3)
+    assert gain.decide("new-sampled", 8, costs=costs, cls="T0.7").nodes == 0
+    assert gain.decide("new-greedy", 8, costs=costs, cls="greedy").nodes >= 7
+    assert gain.decide("new-seeded", 8, seeded_sampled=True, costs=costs, cls="T0.7").nodes == 8
+    assert gain.tracked() <= 3            # finished requests left no state but their class's
+
+
+def test_a_classes_failed_probes_lengthen_its_new_requests_first_wait():
+    """A new request of a class whose probes keep failing starts at the class's long interval;
+    one without a class (or whose class probes paid) starts at probe_every."""
+    gain = GainControl(8, probe_every=2, max_probe_every=16)
+    _class_history(gain, "T1.0", accepted=0)
+    _learn(gain, "no-class", 8, 0)        # stopped by its own history, like the class
+    costs = (0.2, 1.0)
+    probes = {"no-class": 0, "new": 0}
+    for _ in range(40):
+        gain.begin_step()
+        for req, cls in (("no-class", None), ("new", "T1.0")):
+            if gain.decide(req, 8, costs=costs, cls=cls).probe:
+                probes[req] += 1
+                gain.observe_trees([req], [2], [0])
+    assert probes["new"] < probes["no-class"], probes
+    assert probes["new"] >= 1, probes

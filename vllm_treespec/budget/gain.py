@@ -23,6 +23,13 @@ weighted least squares, plus the overhead the engine times in every speculative 
 batch grows the rate grows and so does the row cost, so trees shrink with load; on hardware where
 rows are nearly free they grow.
 
+New requests: an unseeded request starts from its sampling class's pooled acceptance by depth
+(`ClassAcceptance`: greedy, or sampled at a temperature bucket), not from an optimistic constant:
+at temperature 0.7 a new request's 12-node first drafts lose, and with 128-token answers those
+first steps are a large share of its life. A stopped request's first probe interval is its
+class's: it doubles when a probe of the class does not turn into drafting and halves when one
+does, so under sampled traffic that does not pay, new requests probe rarely from the start.
+
 Seeded sampled requests: their tokens depend on their tree shapes (the coins of verify/coins.py
 sample whichever nodes exist), so their decisions use only their own history and the fixed costs
 `fixed_row_cost` / `fixed_request_cost` from the config, never the measured batch costs: a seeded
@@ -40,7 +47,16 @@ import numpy as np
 
 from vllm_treespec.budget.reach import ReachCap
 
-__all__ = ["GainControl", "GainDecision", "StepCost"]
+__all__ = ["ClassAcceptance", "GainControl", "GainDecision", "StepCost", "gain_class"]
+
+
+def gain_class(temperature: float | None) -> str:
+    """A request's sampling class for pooled acceptance: "greedy" below vLLM's sampling epsilon,
+    else its temperature to one decimal ("T0.7"): acceptance of the same drafts falls steeply
+    with temperature, far less with the filters."""
+    if temperature is None or float(temperature) < 1e-5:
+        return "greedy"
+    return f"T{float(temperature):.1f}"
 
 
 class StepCost:
@@ -115,6 +131,43 @@ class StepCost:
         return base, row, overhead
 
 
+class ClassAcceptance:
+    """Conditional acceptance by depth pooled over the unseeded requests of each sampling class
+    (decayed counts, weight `decay` lost per observation): the prior of the class's new requests.
+    `prior` / `prior_weight`: what is assumed at depths the class has not been observed at."""
+
+    def __init__(self, max_depth: int, prior: float = 0.8, prior_weight: float = 1.0,
+                 decay: float = 0.01) -> None:
+        if max_depth < 1 or not 0.0 < prior <= 1.0 or prior_weight <= 0 or not 0.0 <= decay < 1.0:
+            raise ValueError("need max_depth >= 1, 0 < prior <= 1, prior_weight > 0, 0 <= decay < 1")
+        self.max_depth, self.prior, self.prior_weight, self.decay = int(max_depth), float(prior), \
+            float(prior_weight), float(decay)
+        self._counts: dict[str, tuple[np.ndarray, np.ndarray]] = {}   # class -> (reached, accepted)
+
+    def observe(self, cls: str, depth: int, accepted: int) -> None:
+        """One verified draft of a request of class `cls`: its deepest node and accepted length."""
+        depth = min(int(depth), self.max_depth)
+        if depth < 1:
+            return
+        acc = min(int(accepted), depth)
+        counts = self._counts.get(cls)
+        if counts is None:
+            counts = self._counts[cls] = (np.zeros(self.max_depth), np.zeros(self.max_depth))
+        reached, hit = counts
+        reached *= 1.0 - self.decay
+        hit *= 1.0 - self.decay
+        reached[:min(acc + 1, depth)] += 1.0
+        hit[:acc] += 1.0
+
+    def rates(self, cls: str) -> np.ndarray | None:
+        """float [max_depth] conditional acceptance at each depth; None before any observation."""
+        counts = self._counts.get(cls)
+        if counts is None:
+            return None
+        reached, hit = counts
+        return (hit + self.prior * self.prior_weight) / (reached + self.prior_weight)
+
+
 @dataclass(frozen=True)
 class GainDecision:
     nodes: int
@@ -152,6 +205,10 @@ class GainControl:
         self._interval: dict[str, int] = {}  # their current probe interval
         self._probing: set[str] = set()      # requests whose last draft was a probe
         self._step = 0                       # steps decided (the shared probe clock)
+        self.classes = ClassAcceptance(self.max_depth, prior=prior)
+        self._class_of: dict[str, str] = {}          # unseeded requests with a class
+        self._class_interval: dict[str, int] = {}    # first probe interval of a class's requests
+        self._probed: set[str] = set()               # probe verified, outcome not yet decided
 
     # -- costs -------------------------------------------------------------------------------
     def measured_costs(self) -> tuple[float, float]:
@@ -169,27 +226,44 @@ class GainControl:
         self._step += 1
 
     def decide(self, req_id: str, cap: int, seeded_sampled: bool = False,
-               costs: tuple[float, float] | None = None) -> GainDecision:
+               costs: tuple[float, float] | None = None, cls: str | None = None) -> GainDecision:
         """The request's nodes this step, at most `cap` (its budget from the mode, room and
-        eligibility). `costs`: `measured_costs()` computed once per step by the caller."""
+        eligibility). `costs`: `measured_costs()` computed once per step by the caller; `cls`:
+        an unseeded request's sampling class (its prior and probe interval are the class's;
+        ignored for seeded sampled requests, which depend on nothing but themselves)."""
         cap = min(int(cap), self.max_depth)
         if cap <= 0:
             return GainDecision(0)
+        prior = None
         if seeded_sampled:
             row_cost, request_cost = self.fixed_row_cost, self.fixed_request_cost
+            cls = None
         else:
             row_cost, request_cost = costs if costs is not None else self.measured_costs()
             row_cost, request_cost = self.margin * row_cost, self.margin * request_cost
-        reach = self.reach.reach(req_id)[:cap]
+            if cls is not None:
+                self._class_of[req_id] = cls
+                prior = self.classes.rates(cls)
+        reach = self.reach.reach(req_id, prior)[:cap]
         n = int(np.count_nonzero(reach >= row_cost)) if row_cost > 0 else cap
         # reach is non-increasing (a cumulative product), so the first n depths are those above
-        if n > 0 and float(reach[:n].sum()) - n * row_cost > request_cost:
+        pays = n > 0 and float(reach[:n].sum()) - n * row_cost > request_cost
+        if req_id in self._probed:
+            self._probed.discard(req_id)
+            if cls is not None:         # a probe's verdict sets how soon the class probes next
+                now = self._class_interval.get(cls, self.probe_every)
+                self._class_interval[cls] = max(self.probe_every, now // 2) if pays else \
+                    min(2 * now, self.max_probe_every)
+        if pays:
             self._waited.pop(req_id, None)
             self._interval.pop(req_id, None)
             self._probing.discard(req_id)
             return GainDecision(n)
         waited = self._waited.get(req_id, 0) + 1
-        interval = self._interval.get(req_id, self.probe_every)
+        interval = self._interval.get(req_id)
+        if interval is None:
+            interval = self._interval[req_id] = self._class_interval.get(cls, self.probe_every) \
+                if cls is not None else self.probe_every
         # A probe makes its whole step speculative (tree acceptance for every request in it), so
         # unseeded requests probe together, on the steps that are multiples of their interval;
         # a seeded request keeps its own clock (its tokens must not depend on other traffic).
@@ -210,9 +284,13 @@ class GainControl:
         draft must not probe often; the interval resets when its acceptance makes drafting pay
         again (`decide`)."""
         self.reach.observe(req_ids, depths, accepted)
-        for req_id in req_ids:
+        for req_id, depth, acc in zip(req_ids, depths, accepted):
+            cls = self._class_of.get(req_id)
+            if cls is not None:
+                self.classes.observe(cls, depth, acc)
             if req_id in self._probing:
                 self._probing.discard(req_id)
+                self._probed.add(req_id)
                 self._interval[req_id] = min(2 * self._interval.get(req_id, self.probe_every),
                                              self.max_probe_every)
 
@@ -234,7 +312,10 @@ class GainControl:
             self._waited.pop(r, None)
             self._interval.pop(r, None)
             self._probing.discard(r)
+            self._probed.discard(r)
+            self._class_of.pop(r, None)
 
     def tracked(self) -> int:
         """Requests with state (acceptance counts or a probe schedule)."""
-        return len(self.reach.request_ids() | set(self._waited) | set(self._interval) | self._probing)
+        return len(self.reach.request_ids() | set(self._waited) | set(self._interval) | self._probing
+                   | self._probed | set(self._class_of))

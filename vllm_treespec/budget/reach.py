@@ -62,12 +62,13 @@ class ReachCap:
         """The most draft nodes this request gets (1..max_depth; max_depth before it was observed)."""
         return self._caps.get(req_id, self.max_depth)
 
-    def reach(self, req_id: str) -> np.ndarray:
+    def reach(self, req_id: str, prior: np.ndarray | None = None) -> np.ndarray:
         """float [max_depth]: the estimated probability that this request accepts through depth d
-        (index d - 1)."""
+        (index d - 1). `prior`: float [max_depth] conditional acceptance to assume where the
+        request has no observations of its own (default: the constant `self.prior`)."""
         reached, accepted = self._counts.get(req_id, (np.zeros(self.max_depth), np.zeros(self.max_depth)))
         w = self.prior_weight
-        return np.cumprod((accepted + self.prior * w) / (reached + w))
+        return np.cumprod((accepted + (self.prior if prior is None else prior) * w) / (reached + w))
 
     def observe(self, req_ids: Sequence[str], depths: Sequence[int], accepted: Sequence[int]) -> None:
         """One verified step: per drafted request, its tree's deepest node depth and the length of

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from vllm_treespec.budget import make_budget_policy
-from vllm_treespec.budget.gain import GainControl
+from vllm_treespec.budget.gain import GainControl, gain_class
 from vllm_treespec.budget.reach import SAMPLED, ReachCap
 from vllm_treespec.config import TreespecConfig, from_additional_config
 from vllm_treespec.drafters import DraftInputs, make_drafter
@@ -50,6 +50,7 @@ class RequestStats:
     options_checked: bool = False       # `blocker` computed from the request's SamplingParams
     max_nodes: int | None = None        # the request's own cap (extra_args treespec.max_nodes)
     seeded_sampled: bool = False        # its tokens depend on its trees (budget/gain.py)
+    gain_class: str | None = None       # unseeded: its sampling class for budget.gain's priors
     fallback_steps: dict[str, int] = field(default_factory=dict)
 
 
@@ -246,6 +247,7 @@ class TreeProposer:
             st.max_nodes = 0
         st.seeded_sampled = (getattr(params, "seed", None) is not None and
                              ReachCap.sampling_class(getattr(params, "temperature", None)) == SAMPLED)
+        st.gain_class = None if st.seeded_sampled else gain_class(getattr(params, "temperature", None))
 
     # -- drafting --------------------------------------------------------------------------
     def propose_step(self, runner: Any, scheduler_output: Any, sampled_token_ids: list[list[int]],
@@ -367,7 +369,7 @@ class TreeProposer:
                         if gain_costs is None:
                             gain_costs = self.gain.measured_costs()
                         caps[i] = self.gain.decide(req_ids[i], caps[i], st.seeded_sampled,
-                                                   gain_costs).nodes
+                                                   gain_costs, st.gain_class).nodes
         if not any(caps) and not getattr(self.drafter, "uses_target_states", False):
             return self._propose_nothing(runner, req_ids, decoding, caps, start)
         budgets = np.array(caps, dtype=np.int64)
