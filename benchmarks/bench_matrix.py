@@ -9,7 +9,7 @@ function heads (signature + docstring) of third-party packages in site-packages
 request emits exactly --max-tokens tokens (`ignore_eos`).
 
     .venv/bin/python benchmarks/bench_matrix.py                      # code-lm, the default configs, 1 round
-    .venv/bin/python benchmarks/bench_matrix.py --rounds 3           # median-round ratios
+    .venv/bin/python benchmarks/bench_matrix.py --rounds 3           # more paired batches per cell
     .venv/bin/python benchmarks/bench_matrix.py --configs off ngram:12 default:8 prompt-lookup-tree:16
     .venv/bin/python benchmarks/bench_matrix.py --fixture tiny --configs off ngram:4 default:4 \
         --num-prompts 8 --max-tokens 16 --concurrency 1 8 --temperatures 0 0.7 --output /tmp/m.json
@@ -32,8 +32,11 @@ shared-memory broadcast readers (vllm/distributed/device_communicators/shm_broad
 SpinCondition, busy_loop_s=1) keep spinning for 1 s after their last read and would steal the
 next server's cores. Each turn is timed; a config's tokens/s in a cell is its output tokens over
 its summed turn seconds, so machine drift hits every config of a batch alike. --rounds N repeats
-the matrix; the reported ratio is the median round's (the lower middle for an even N), every
-round's numbers are kept.
+the matrix. The reported ratio is the median, over every batch of the cell in every round, of the
+config's tokens/s over `off`'s in the same batch (adjacent turns): on this VM single turns swing
+by 30% (four processes and the client share two cores), and the median of many paired turns
+holds still where the median of two or three pooled rounds does not. Every round's pooled ratio
+(summed tokens over summed seconds) is kept beside it (`ratio_rounds`).
 
 Each (round, cell) gets its own prompts by default (--shared-prompts: one set everywhere). Two
 reasons: SuffixDecoding caches past responses in a global tree (up to 10000 requests) and would
@@ -245,6 +248,14 @@ def summarize_cell(per_round: Sequence[dict[str, tuple[int, float]]], baseline: 
     return out
 
 
+def paired_ratio(turns: Sequence[tuple[int, float, int, float]]) -> float | None:
+    """Median over a cell's batches of (config tokens/s) / (off tokens/s) in the same batch;
+    turns: (config tokens, config seconds, off tokens, off seconds) per batch, any rounds. The
+    lower middle for an even count; None without a complete turn."""
+    ratios = sorted((t / s) / (bt / bs) for t, s, bt, bs in turns if s > 0 and bs > 0 and bt > 0)
+    return ratios[(len(ratios) - 1) // 2] if ratios else None
+
+
 def pooled_tau(windows: Sequence[tuple[float, float]]) -> float | None:
     """tau over several (drafts, accepted) windows: 1 + sum accepted / sum drafts."""
     drafts = sum(d for d, _ in windows)
@@ -364,7 +375,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (ignore_eos)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7, 1.0])
-    p.add_argument("--rounds", type=int, default=1, help="repeat the matrix; report the median round's ratio")
+    p.add_argument("--rounds", type=int, default=1, help="repeat the matrix (more paired batches per cell)")
     p.add_argument("--idle-gap", type=float, default=1.5,
                    help="seconds of idle after every turn (vLLM's shm readers spin 1 s after a read)")
     p.add_argument("--seed", type=int, default=0, help="prompt sampling seed")
@@ -463,12 +474,14 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(ns.idle_gap)
                 outputs: list[list[Any]] = [[None] * len(prompts) for _ in configs]
                 secs: list[list[float]] = [[] for _ in configs]
+                turn_toks: list[list[int]] = [[] for _ in configs]
                 toks = [0] * len(configs)
                 for batch in batches(len(prompts), reg.concurrency):
                     for j in turn_order(len(configs), turn):
                         load = run_load(servers[j], [prompts[i] for i in batch], max_tokens=ns.max_tokens,
                                         concurrency=reg.concurrency, temperature=reg.temperature)
                         secs[j].append(load.wall_s)
+                        turn_toks[j].append(load.output_tokens)
                         toks[j] += load.output_tokens
                         for i, r in zip(batch, load.requests):
                             outputs[j][i] = r.token_ids
@@ -479,6 +492,7 @@ def main(argv: list[str] | None = None) -> int:
                 for j, c in enumerate(configs):
                     d = deltas[j]
                     entry = {"output_tokens": toks[j], "seconds": sum(secs[j]), "turn_seconds": secs[j],
+                             "turn_tokens": turn_toks[j],
                              "tau": d.tau, "acceptance_rate": d.acceptance_rate,
                              "drafts": d.drafts if d.present else None,
                              "draft_tokens": d.draft_tokens if d.present else None,
@@ -498,8 +512,8 @@ def main(argv: list[str] | None = None) -> int:
                 parts = [f"off {base:.1f} tok/s"]
                 for c in configs[1:]:
                     e = cell[c.label]
-                    rate = e["output_tokens"] / max(e["seconds"], 1e-9)
-                    parts.append(f"{c.label} {rate / base:.2f}x"
+                    paired = paired_ratio(_turns(e, cell[BASELINE]))
+                    parts.append(f"{c.label} {paired:.2f}x"
                                  + (f" tau {e['tau']:.2f}" if e["tau"] is not None else "")
                                  + (f" eq {e['equal'][0]}/{e['equal'][1]}" if "equal" in e else ""))
                 _log(f"[round {rnd + 1}/{ns.rounds}] {reg.label}: " + " | ".join(parts))
@@ -512,6 +526,10 @@ def main(argv: list[str] | None = None) -> int:
         for lb in labels:
             rows = [pr[lb] for pr in per_round]
             s = summary[lb]
+            if lb != BASELINE:
+                s["ratio_pooled_median_round"] = s["ratio"]
+                s["ratio"] = paired_ratio([t for e, b in zip(rows, (pr[BASELINE] for pr in per_round))
+                                           for t in _turns(e, b)])
             s["tau"] = pooled_tau([(e["drafts"], e["accepted_tokens"]) for e in rows if e["drafts"] is not None])
             s["tau_rounds"] = [e["tau"] for e in rows]
             s["acceptance_rate_rounds"] = [e["acceptance_rate"] for e in rows]
@@ -543,7 +561,10 @@ def main(argv: list[str] | None = None) -> int:
                      "batch_rule": "max(8, 2 x concurrency), at most --num-prompts; order rotates by one per batch",
                      "warmup": {"prompts": n_warm, "max_tokens": WARMUP_MAX_TOKENS,
                                 "temperatures": sorted(set(ns.temperatures))},
-                     "turns": turns_total, "median": "lower middle round by ratio (off: by tokens/s)"},
+                     "turns": turns_total,
+                     "median": "ratio: lower middle over the cell's batches (all rounds) of the config's "
+                               "tokens/s over off's in the same batch; ratio_rounds: each round's pooled "
+                               "ratio; ratio_pooled_median_round: their lower middle"},
         "prompts": {**describe(pool, ns.seed), "sets": n_sets, "warmup_prompts": n_warm,
                     "ids": [f"{p.path}:{p.lineno}" for p in pool]},
         "cells": cells,
@@ -557,7 +578,8 @@ def main(argv: list[str] | None = None) -> int:
                        f"bench_matrix, {model_dir.name}, {ns.num_prompts} prompts x {ns.max_tokens} tokens, "
                        f"{ns.rounds} round(s)\n{hardware_line(hw)}")
 
-    print(f"\nspeedup vs off (tokens/s ratio, median of {ns.rounds} round(s)); model {model_dir.name}, "
+    print(f"\nspeedup vs off (median over batches of paired tokens/s ratios, {ns.rounds} round(s)); "
+          f"model {model_dir.name}, "
           f"{ns.num_prompts} unseen prompts x {ns.max_tokens} tokens per cell\n")
     print(ratio_md)
     print("\ntau (tokens per drafted step, pooled over rounds)\n")
@@ -572,6 +594,11 @@ def main(argv: list[str] | None = None) -> int:
               f"difference: " + (f"median {statistics.median(gaps):.4f}, max {max(gaps):.4f} nats" if gaps else "n/a"))
     print(f"\nwall {wall / 60:.1f} min; wrote {out} and {png.name}")
     return 0
+
+
+def _turns(entry: dict[str, Any], off: dict[str, Any]) -> list[tuple[int, float, int, float]]:
+    """(tokens, seconds, off tokens, off seconds) per batch of one cell round."""
+    return list(zip(entry["turn_tokens"], entry["turn_seconds"], off["turn_tokens"], off["turn_seconds"]))
 
 
 def _extra_versions(configs: Sequence[MatrixConfig]) -> dict[str, str | None]:

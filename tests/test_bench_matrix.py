@@ -254,3 +254,13 @@ def test_off_sync_is_no_speculation_without_async_scheduling():
     cfg = bm.parse_config("off-sync")
     assert cfg.kind == "off-sync" and cfg.label == "off-sync" and cfg.k is None
     assert "--no-async-scheduling" in cfg.args and "--speculative-config" not in cfg.args
+
+
+def test_paired_ratio_is_the_median_batch_ratio():
+    turns = [(100, 1.0, 100, 1.0),      # 1.0x
+             (100, 0.5, 100, 1.0),      # 2.0x
+             (100, 2.0, 100, 1.0),      # 0.5x (a turn the machine stalled in)
+             (120, 1.0, 100, 1.0)]      # 1.2x
+    assert bm.paired_ratio(turns) == pytest.approx(1.0)        # lower middle of 0.5, 1.0, 1.2, 2.0
+    assert bm.paired_ratio(turns[:3]) == pytest.approx(1.0)
+    assert bm.paired_ratio([(5, 0.0, 5, 1.0)]) is None
