@@ -97,7 +97,7 @@ def test_unseeded_requests_probe_in_the_same_steps():
 
 
 def test_a_probe_that_accepts_resumes_drafting():
-    gain = GainControl(8, probe_every=1, probe_nodes=2)
+    gain = GainControl(8, probe_every=1, probe_nodes=2, calibrate_every=0)
     _learn(gain, "r", 8, 0)
     costs = (0.05, 0.3)
     gain.begin_step()
@@ -206,3 +206,20 @@ def test_a_classes_failed_probes_lengthen_its_new_requests_first_wait():
                 gain.observe_trees([req], [2], [0])
     assert probes["new"] < probes["no-class"], probes
     assert probes["new"] >= 1, probes
+
+
+def test_calibration_steps_leave_unseeded_requests_undrafted():
+    """Every calibrate_every steps unseeded requests draft nothing, so the step cost fit sees
+    steps of different sizes; seeded ones decide as always (their trees depend on nothing else)."""
+    gain = GainControl(8, calibrate_every=4)
+    _learn(gain, "g", 8, 8)
+    _learn(gain, "s", 8, 8)
+    drafted = []
+    for _ in range(12):
+        gain.begin_step()
+        drafted.append((gain.decide("g", 8, costs=(0.05, 0.3)).nodes,
+                        gain.decide("s", 8, seeded_sampled=True).nodes))
+    assert [g for g, _ in drafted] == [0, 8, 8, 8] * 3
+    assert all(s == 8 for _, s in drafted)
+    assert all(GainControl(8, calibrate_every=0).decide("x", 8, costs=(0.0, 0.0)).nodes == 8
+               for _ in range(3))

@@ -436,6 +436,10 @@ class GainConfig:
         "Measured costs are multiplied by this before deciding: drafts the cost model rates "
         "break-even measured slower than no drafts (costs it does not see), so a request drafts "
         "only what clearly pays."))
+    calibrate_every: int = spec(32, ge=0, le=100000, doc=(
+        "Every this many steps no unseeded request drafts (0 = never): the step cost model "
+        "needs steps of different sizes to tell the cost of a verified row from the cost of the "
+        "step, and when every request drafts every step it sees none."))
 
     def validate(self, prefix: str) -> None:
         if self.max_probe_every < self.probe_every:

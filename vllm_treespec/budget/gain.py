@@ -187,12 +187,14 @@ class GainControl:
     def __init__(self, max_depth: int, *, probe_every: int = 8, max_probe_every: int = 64,
                  probe_nodes: int = 2, fixed_row_cost: float = 0.05, fixed_request_cost: float = 0.5,
                  margin: float = 1.5, prior: float = 0.8, prior_weight: float = 1.0,
-                 decay: float = 0.1) -> None:
+                 decay: float = 0.1, calibrate_every: int = 32) -> None:
         if max_depth < 1 or probe_every < 1 or max_probe_every < probe_every or probe_nodes < 1 \
-                or margin < 1.0:
+                or margin < 1.0 or calibrate_every < 0:
             raise ValueError("need max_depth >= 1, 1 <= probe_every <= max_probe_every, probe_nodes >= 1, "
-                             "margin >= 1")
+                             "margin >= 1, calibrate_every >= 0")
         self.margin = float(margin)
+        self.calibrate_every = int(calibrate_every)
+        self.calibrating = False             # this step: no unseeded request drafts
         self.max_depth = int(max_depth)
         self.probe_every, self.max_probe_every = int(probe_every), int(max_probe_every)
         self.probe_nodes = int(probe_nodes)
@@ -222,8 +224,15 @@ class GainControl:
 
     # -- decisions ---------------------------------------------------------------------------
     def begin_step(self) -> None:
-        """Advance the shared probe clock: call once per step, before that step's `decide`s."""
+        """Advance the shared probe clock: call once per step, before that step's `decide`s.
+        Every `calibrate_every` steps is a calibration step: no unseeded request drafts, so the
+        step cost model sees a step without drafted rows at the current batch size (when every
+        request drafts every step, all steps have about the same rows, and the cost of a row
+        cannot be told from the cost of the step)."""
         self._step += 1
+        # odd steps (1, 33, 65, ...): never one of the unseeded probe steps (multiples of intervals
+        # that are powers of two times probe_every)
+        self.calibrating = self.calibrate_every > 0 and (self._step - 1) % self.calibrate_every == 0
 
     def decide(self, req_id: str, cap: int, seeded_sampled: bool = False,
                costs: tuple[float, float] | None = None, cls: str | None = None) -> GainDecision:
@@ -232,7 +241,7 @@ class GainControl:
         an unseeded request's sampling class (its prior and probe interval are the class's;
         ignored for seeded sampled requests, which depend on nothing but themselves)."""
         cap = min(int(cap), self.max_depth)
-        if cap <= 0:
+        if cap <= 0 or (self.calibrating and not seeded_sampled):
             return GainDecision(0)
         if req_id in self._waited and req_id not in self._probed:
             # stopped and nothing new about it since: it waits for its probe without re-deciding

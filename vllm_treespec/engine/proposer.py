@@ -77,7 +77,8 @@ class TreeProposer:
         self.gain = GainControl(
             self.node_budget, probe_every=gain.probe_every, max_probe_every=gain.max_probe_every,
             probe_nodes=gain.probe_nodes, fixed_row_cost=gain.fixed_row_cost,
-            fixed_request_cost=gain.fixed_request_cost, margin=gain.margin) if gain.enabled else None
+            fixed_request_cost=gain.fixed_request_cost, margin=gain.margin,
+            calibrate_every=gain.calibrate_every) if gain.enabled else None
         # the last verified step's (budgets, accepted, drafted) per tree, for the policy's observe
         self._verified: tuple[list[int], list[int], list[int]] | None = None
         self._draft_seconds = 0.0
