@@ -4,7 +4,7 @@ Why: a speculative server with nothing drafted measured slower than no speculati
 not offline; this shows where each serving process spends its time per generated token. Each
 config gets its own server (started alone, warmed up), then `py-spy record --subprocesses`
 samples every process of its group while `--concurrency` clients replay unseen prompts. Output:
-the raw collapsed stacks per config, and a table of inclusive samples per function (per 1000
+the raw collapsed stacks per config (in a temp dir), and a table of inclusive samples per function (per 1000
 output tokens), configs side by side.
 
 Needs py-spy (`pip install py-spy`, any location; pass --py-spy if it is not on PATH).
@@ -20,6 +20,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -57,14 +58,18 @@ def inclusive_counts(raw: str) -> tuple[collections.Counter, dict[str, int]]:
             continue
         n = int(count)
         parts = stack.split(";")
-        procs[_process_label(parts[0])] += n
-        for frame in set(parts[1:]):
-            frames[_short(frame)] += n
+        marks = [i for i, p in enumerate(parts) if p.startswith("process ")]
+        inner = marks[-1] if marks else 0      # py-spy nests child processes under their parents
+        procs[_process_label(parts[inner])] += n
+        for frame in {_short(p) for p in parts[inner + 1:]}:     # recursion counts once
+            frames[frame] += n
     return frames, procs
 
 
-def _process_label(first: str) -> str:
-    return first.split("(")[0].strip() or first
+def _process_label(frame: str) -> str:
+    """'process 123:"VLLM::Worker"' -> 'VLLM::Worker' (the API server: its command, shortened)."""
+    name = frame.split(":", 1)[1].strip('"') if ":" in frame else frame
+    return name if name.startswith("VLLM::") else "API server (" + name.split(" -m ")[-1][:40] + ")"
 
 
 def _short(frame: str) -> str:
@@ -78,7 +83,7 @@ def profile_one(cfg: Any, model_dir: Path, base_args: tuple[str, ...], prompts: 
                 ns: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     from vllm_treespec.serving import run_load, serve
 
-    raw_path = out_dir / f"{cfg.label.replace(' ', '_').replace('/', '_')}.raw.txt"
+    raw_path = out_dir / f"{cfg.label.replace(' ', '_').replace('/', '_')}.raw.txt"   # collapsed stacks
     with serve(model_dir, cfg.args, base_args=base_args) as server:
         run_load(server, warmup, max_tokens=32, concurrency=ns.concurrency, temperature=ns.temperature)
         time.sleep(1.5)
@@ -140,8 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [p.text for p in pool[:ns.num_prompts]]
     warmup = [p.text for p in pool[ns.num_prompts:]]
     stem = f"profile_serving_t{ns.temperature:g}_c{ns.concurrency}_{ns.fixture}".replace(".", "")
-    out_dir = RESULTS / stem
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(tempfile.mkdtemp(prefix=stem + "_"))     # raw stacks: megabytes, not committed
     base_args = serve_args_default_dtype(CPU_SERVE_ARGS)
     results = [profile_one(c, model_dir, base_args, prompts, warmup, ns, out_dir) for c in configs]
     header = (f"# Served profile, {ns.num_prompts} unseen prompts x {ns.max_tokens} tokens, "
@@ -151,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     out = ns.output or RESULTS / f"{stem}.md"
     out.write_text(text)
     print(text)
-    print(f"wrote {out}")
+    print(f"wrote {out}; raw stacks in {out_dir}")
     return 0
 
 
