@@ -26,6 +26,20 @@ def test_step_cost_recovers_base_row_and_overhead():
     assert base == pytest.approx(1e-3, rel=0.1)
 
 
+def test_unmeasured_speculative_cost_is_fitted_apart_from_rows():
+    """Served, a speculative step costs more than the overhead the worker times (the engine
+    core's handling of drafts): trees of different sizes and steps without drafts tell it
+    from the cost of a row."""
+    cost = StepCost(forget=0.01)
+    steps = [(1e-3 + 7e-5 * r + (8e-4 + 6e-4 if spec else 0.0), r, spec, 1, 8e-4 if spec else 0.0)
+             for r, spec in [(1, False), (4, True), (9, True), (17, True), (1, False), (33, True)]]
+    _feed(cost, steps)
+    base, row, overhead = cost.coefficients()
+    assert row == pytest.approx(7e-5, rel=0.05)
+    assert overhead == pytest.approx(8e-4 + 6e-4, rel=0.05)
+    assert base == pytest.approx(1e-3, rel=0.1)
+
+
 def test_overhead_is_known_when_every_step_drafts():
     """A fit cannot split base and overhead without plain steps; the measured overhead can."""
     cost = StepCost()
@@ -139,8 +153,9 @@ def test_measured_costs_scale_with_the_rate():
     assert gain.measured_costs() == (0.0, 0.0)           # nothing measured: draft, then learn
     for _ in range(200):
         gain.observe_step(1e-3, 1, False, 1)
-        gain.observe_step(1.5e-3 + 1e-4 * 8, 9, True, 4, drafting=1, drafter_seconds=1e-4,
-                          overhead_seconds=5e-4)
+        for rows in (5, 9):
+            gain.observe_step(1.5e-3 + 1e-4 * (rows - 1), rows, True, 4, drafting=1,
+                              drafter_seconds=1e-4, overhead_seconds=5e-4)
     row, request = gain.measured_costs()
     rate = gain.cost.tokens_per_second()
     assert row == pytest.approx(1e-4 * rate, rel=0.1)
@@ -219,7 +234,7 @@ def test_calibration_steps_leave_unseeded_requests_undrafted():
         gain.begin_step()
         drafted.append((gain.decide("g", 8, costs=(0.05, 0.3)).nodes,
                         gain.decide("s", 8, seeded_sampled=True).nodes))
-    assert [g for g, _ in drafted] == [0, 8, 8, 8] * 3
+    assert [g for g, _ in drafted] == [8, 8, 0, 8] * 3
     assert all(s == 8 for _, s in drafted)
     assert all(GainControl(8, calibrate_every=0).decide("x", 8, costs=(0.0, 0.0)).nodes == 8
                for _ in range(3))

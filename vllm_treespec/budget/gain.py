@@ -23,8 +23,8 @@ weighted least squares, plus the overhead the engine times in every speculative 
 batch grows the rate grows and so does the row cost, so trees shrink with load; on hardware where
 rows are nearly free they grow.
 
-New requests: an unseeded request starts from its sampling class's pooled acceptance by depth
-(`ClassAcceptance`: greedy, or sampled at a temperature bucket), not from an optimistic constant:
+New requests: an unseeded sampled request starts from its class's pooled acceptance by depth
+(`ClassAcceptance`: the temperature to one decimal), not from an optimistic constant:
 at temperature 0.7 a new request's 12-node first drafts lose, and with 128-token answers those
 first steps are a large share of its life. A stopped request's first probe interval is its
 class's: it doubles when a probe of the class does not turn into drafting and halves when one
@@ -50,24 +50,32 @@ from vllm_treespec.budget.reach import ReachCap
 __all__ = ["ClassAcceptance", "GainControl", "GainDecision", "StepCost", "gain_class"]
 
 
-def gain_class(temperature: float | None) -> str:
-    """A request's sampling class for pooled acceptance: "greedy" below vLLM's sampling epsilon,
-    else its temperature to one decimal ("T0.7"): acceptance of the same drafts falls steeply
-    with temperature, far less with the filters."""
+def gain_class(temperature: float | None) -> str | None:
+    """An unseeded sampled request's class for pooled acceptance: its temperature to one decimal
+    ("T0.7"; acceptance of the same drafts falls steeply with temperature, far less with the
+    filters). None for greedy requests: they keep the optimistic prior, because how much of a
+    greedy draft is accepted depends on the request's own text (prompt lookup on a repetitive
+    file vs prose), a wrong first draft costs them only its rows, and a pooled prior held
+    repetitive requests back for a probe interval (greedy at one client fell from 1.54x to
+    1.2-1.3x in docs/never-slower.md's matrix)."""
     if temperature is None or float(temperature) < 1e-5:
-        return "greedy"
+        return None
     return f"T{float(temperature):.1f}"
 
 
 class StepCost:
     """The cost side of a decode step, learnt online (weight `forget` per new step):
 
-    - the target's seconds as base + row_seconds * rows, fitted by exponentially weighted least
-      squares over decode steps with the speculative step's own overhead taken out (a ridge of
-      `prior_weight` pseudo-steps holds row_seconds at 3% of the mean step until rows vary);
-    - that overhead (spec-decode planning, tree acceptance, tree attention; measured directly by
-      the engine in every speculative step, not fitted: when nearly every step drafts, a fit
-      cannot tell it from the base cost and underestimates it);
+    - the step's seconds, less the overhead the engine measured in it, as
+      base + row_seconds * rows + extra * [speculative], fitted by exponentially weighted least
+      squares over decode steps. `extra` is what a speculative step costs beyond the measured
+      overhead and its rows (served: the engine core's handling of drafts, scheduling without
+      overlap); it is told apart from the rows by trees of different sizes and from the base by
+      steps without drafts (budget.gain's calibration steps). Ridge terms of `prior_weight`
+      pseudo-steps hold row_seconds at 3% of the mean step and `extra` at 0 until the data say
+      otherwise;
+    - the measured overhead (spec-decode planning, tree acceptance, tree attention; timed by the
+      engine in every speculative step, not fitted);
     - the tokens the recent decode steps emitted per second.
     """
 
@@ -75,8 +83,8 @@ class StepCost:
         if not 0.0 < forget < 1.0 or prior_weight <= 0:
             raise ValueError("need 0 < forget < 1 and prior_weight > 0")
         self.forget, self.prior_weight = float(forget), float(prior_weight)
-        self._xtx = np.zeros((2, 2))
-        self._xty = np.zeros(2)
+        self._xtx = np.zeros((3, 3))
+        self._xty = np.zeros(3)
         self._seconds = 0.0          # decayed sums: mean step (the prior's scale), rate
         self._rows = 0.0
         self._weight = 0.0
@@ -94,7 +102,7 @@ class StepCost:
             return
         keep = 1.0 - self.forget
         overhead = min(max(float(overhead_seconds), 0.0), seconds) if speculative else 0.0
-        x = np.array([1.0, float(rows)])
+        x = np.array([1.0, float(rows), 1.0 if speculative else 0.0])
         self._xtx = self._xtx * keep + np.outer(x, x)
         self._xty = self._xty * keep + x * (seconds - overhead)
         self._seconds = self._seconds * keep + seconds
@@ -116,17 +124,18 @@ class StepCost:
         return self._tokens / self._seconds if self._seconds > 0 else 0.0
 
     def coefficients(self) -> tuple[float, float, float]:
-        """(base seconds, seconds per verified row, speculative-step overhead seconds), >= 0."""
+        """(base seconds, seconds per verified row, speculative-step overhead seconds: the
+        measured one plus the fitted extra), each >= 0."""
         if self._fit is None:
             if not self.ready:
                 return 0.0, 0.0, 0.0
             mean_step = self._seconds / self._weight
             mean_rows = max(self._rows / self._weight, 1.0)
-            prior = np.array([0.0, 0.03 * mean_step])
-            scale = self.prior_weight * np.array([1e-6, mean_rows ** 2])
+            prior = np.array([0.0, 0.03 * mean_step, 0.0])
+            scale = self.prior_weight * np.array([1e-6, mean_rows ** 2, 1.0])
             fit = np.linalg.solve(self._xtx + np.diag(scale), self._xty + scale * prior)
             overhead = self._overhead / self._overhead_weight if self._overhead_weight else 0.0
-            self._fit = np.array([max(fit[0], 0.0), max(fit[1], 0.0), overhead])
+            self._fit = np.array([max(fit[0], 0.0), max(fit[1], 0.0), overhead + max(fit[2], 0.0)])
         base, row, overhead = self._fit.tolist()
         return base, row, overhead
 
@@ -230,9 +239,10 @@ class GainControl:
         request drafts every step, all steps have about the same rows, and the cost of a row
         cannot be told from the cost of the step)."""
         self._step += 1
-        # odd steps (1, 33, 65, ...): never one of the unseeded probe steps (multiples of intervals
-        # that are powers of two times probe_every)
-        self.calibrating = self.calibrate_every > 0 and (self._step - 1) % self.calibrate_every == 0
+        # steps 31, 63, 95, ... (odd: never one of the unseeded probe steps, which are multiples
+        # of intervals that are powers of two times probe_every; never a request's first step)
+        self.calibrating = self.calibrate_every > 0 and \
+            self._step % self.calibrate_every == self.calibrate_every - 1
 
     def decide(self, req_id: str, cap: int, seeded_sampled: bool = False,
                costs: tuple[float, float] | None = None, cls: str | None = None) -> GainDecision:

@@ -50,7 +50,7 @@ class RequestStats:
     options_checked: bool = False       # `blocker` computed from the request's SamplingParams
     max_nodes: int | None = None        # the request's own cap (extra_args treespec.max_nodes)
     seeded_sampled: bool = False        # its tokens depend on its trees (budget/gain.py)
-    gain_class: str | None = None       # unseeded: its sampling class for budget.gain's priors
+    gain_class: str | None = None       # unseeded sampled: its class for budget.gain's priors
     fallback_steps: dict[str, int] = field(default_factory=dict)
 
 
