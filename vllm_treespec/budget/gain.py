@@ -45,7 +45,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from vllm_treespec.budget.reach import ReachCap
+from vllm_treespec.budget.reach import ReachCap, observe_depths
 
 __all__ = ["ClassAcceptance", "GainControl", "GainDecision", "StepCost", "gain_class"]
 
@@ -155,18 +155,7 @@ class ClassAcceptance:
 
     def observe(self, cls: str, depth: int, accepted: int) -> None:
         """One verified draft of a request of class `cls`: its deepest node and accepted length."""
-        depth = min(int(depth), self.max_depth)
-        if depth < 1:
-            return
-        acc = min(int(accepted), depth)
-        counts = self._counts.get(cls)
-        if counts is None:
-            counts = self._counts[cls] = (np.zeros(self.max_depth), np.zeros(self.max_depth))
-        reached, hit = counts
-        reached *= 1.0 - self.decay
-        hit *= 1.0 - self.decay
-        reached[:min(acc + 1, depth)] += 1.0
-        hit[:acc] += 1.0
+        observe_depths(self._counts, cls, self.max_depth, self.decay, depth, accepted)
 
     def rates(self, cls: str) -> np.ndarray | None:
         """float [max_depth] conditional acceptance at each depth; None before any observation."""

@@ -31,9 +31,30 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["ReachCap", "GREEDY", "SAMPLED"]
+__all__ = ["ReachCap", "GREEDY", "SAMPLED", "observe_depths"]
 
 GREEDY, SAMPLED = "greedy", "sampled"
+
+
+def observe_depths(counts: dict[str, tuple[np.ndarray, np.ndarray]], key: str, max_depth: int,
+                   decay: float, depth: int, accepted: int) -> bool:
+    """Add one verified draft (deepest node `depth`, accepted path length `accepted`) to the
+    decayed (reached, accepted) counts by depth under `key`: every depth up to the accepted
+    length + 1 was reached, every depth up to the accepted length accepted. False (nothing
+    added) for a draft without nodes."""
+    depth = min(int(depth), max_depth)
+    if depth < 1:
+        return False
+    acc = min(int(accepted), depth)
+    entry = counts.get(key)
+    if entry is None:
+        entry = counts[key] = (np.zeros(max_depth), np.zeros(max_depth))
+    reached, hit = entry
+    reached *= 1.0 - decay
+    hit *= 1.0 - decay
+    reached[:min(acc + 1, depth)] += 1.0
+    hit[:acc] += 1.0
+    return True
 
 
 class ReachCap:
@@ -76,18 +97,8 @@ class ReachCap:
         if not len(req_ids) == len(depths) == len(accepted):
             raise ValueError("req_ids, depths and accepted need one entry per drafted request")
         for req_id, depth, acc in zip(req_ids, depths, accepted):
-            depth = min(int(depth), self.max_depth)
-            acc = min(int(acc), depth)
-            if depth < 1:
+            if not observe_depths(self._counts, req_id, self.max_depth, self.decay, depth, acc):
                 continue
-            counts = self._counts.get(req_id)
-            if counts is None:
-                counts = self._counts[req_id] = (np.zeros(self.max_depth), np.zeros(self.max_depth))
-            reached, hit = counts
-            reached *= 1.0 - self.decay
-            hit *= 1.0 - self.decay
-            reached[:min(acc + 1, depth)] += 1.0
-            hit[:acc] += 1.0
             self._caps[req_id] = max(1, int(np.count_nonzero(self.reach(req_id) >= self.floor)))
 
     def release(self, req_ids: Iterable[str]) -> None:
