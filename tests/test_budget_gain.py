@@ -238,3 +238,12 @@ def test_calibration_steps_leave_unseeded_requests_undrafted():
     assert all(s == 8 for _, s in drafted)
     assert all(GainControl(8, calibrate_every=0).decide("x", 8, costs=(0.0, 0.0)).nodes == 8
                for _ in range(3))
+
+
+def test_decision_kinds_for_metrics():
+    from vllm_treespec.budget.gain import GainDecision, decision_kind
+
+    assert decision_kind(GainDecision(4), False) == "draft"
+    assert decision_kind(GainDecision(2, probe=True), False) == "probe"
+    assert decision_kind(GainDecision(0), False) == "stopped"
+    assert decision_kind(GainDecision(0), True) == "calibration"

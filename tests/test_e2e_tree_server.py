@@ -25,7 +25,8 @@ PROMPTS = held_out_prompts(16, 400, seed=21)
 TREE_SAMPLES = ("treespec_tree_nodes_count", "treespec_accepted_depth_sum", "treespec_draft_seconds_count",
                 "treespec_verify_seconds_count", "treespec_budget_nodes_count",
                 "treespec_budget_chosen_nodes",
-                "treespec_reach_cap_nodes")         # prompt-lookup-tree sets budget.reach_floor
+                "treespec_reach_cap_nodes",         # prompt-lookup-tree sets budget.reach_floor
+                "treespec_gain_decisions_total", "treespec_gain_step_seconds")   # and budget.gain
 
 
 def _abort_mid_stream(base_url: str, model: str, prompt: str, chunks: int = 3) -> int:

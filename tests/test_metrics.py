@@ -30,6 +30,8 @@ def _fed_registry(model: str = "code-lm") -> CollectorRegistry:
     stats.observe_step(0.02)
     stats.observe_reach({"greedy": 8.0, "sampled": 3.5})
     stats.observe_fallback("logprobs")
+    stats.observe_gain({"draft": 1, "probe": 0, "stopped": 3, "calibration": 0}, (0.05, 0.6),
+                       (0.003, 1e-4, 8e-4))
     return registry
 
 
@@ -39,7 +41,7 @@ def _treespec_families(registry: CollectorRegistry) -> dict[str, object]:
 
 def test_every_series_carries_the_model_name_label():
     families = _treespec_families(_fed_registry("code-lm"))
-    assert len(families) == 13
+    assert len(families) == 16
     for name, family in families.items():
         samples = [s for s in family.samples if not s.name.endswith("_created")]
         assert samples, f"{name} has no samples"
@@ -55,6 +57,11 @@ def test_labelled_series_keep_their_own_labels():
                                      {MODEL_LABEL: "m", "reason": "logprobs"}) == 1.0
     assert registry.get_sample_value("treespec_accepted_depth_sum", {MODEL_LABEL: "m"}) == 2.0
     assert registry.get_sample_value("treespec_kv_moves_total", {MODEL_LABEL: "m"}) == 2.0
+    assert registry.get_sample_value("treespec_gain_decisions_total",
+                                     {MODEL_LABEL: "m", "decision": "stopped"}) == 3.0
+    assert registry.get_sample_value("treespec_gain_cost_tokens", {MODEL_LABEL: "m", "part": "request"}) == 0.6
+    assert registry.get_sample_value("treespec_gain_step_seconds",
+                                     {MODEL_LABEL: "m", "part": "speculative"}) == 8e-4
 
 
 def test_every_series_is_documented():

@@ -47,7 +47,8 @@ import numpy as np
 
 from vllm_treespec.budget.reach import ReachCap, observe_depths
 
-__all__ = ["ClassAcceptance", "GainControl", "GainDecision", "StepCost", "gain_class"]
+__all__ = ["ClassAcceptance", "GAIN_DECISIONS", "GainControl", "GainDecision", "StepCost", "decision_kind",
+           "gain_class"]
 
 
 def gain_class(temperature: float | None) -> str | None:
@@ -170,6 +171,19 @@ class ClassAcceptance:
 class GainDecision:
     nodes: int
     probe: bool = False
+
+
+GAIN_DECISIONS = ("draft", "probe", "stopped", "calibration")
+
+
+def decision_kind(decision: GainDecision, calibrating: bool) -> str:
+    """What a decision was, for counting: a draft that pays, a probe, a stopped request, or a
+    request held back by a calibration step."""
+    if decision.probe:
+        return "probe"
+    if decision.nodes > 0:
+        return "draft"
+    return "calibration" if calibrating else "stopped"
 
 
 class GainControl:

@@ -95,6 +95,15 @@ class TreeMetrics:
         self.kv_moves = counter("treespec_kv_moves", "KV slots moved to compact accepted paths.")
         self.fallbacks = counter("treespec_fallback_steps", "Decoding steps without drafts because a "
                                  "request option cannot be verified on a tree.", ["reason"])
+        self.gain_decisions = counter("treespec_gain_decisions", "budget.gain: requests per decision "
+                                      "(draft, probe, stopped, calibration), one per request and step.",
+                                      ["decision"])
+        self.gain_cost = gauge("treespec_gain_cost_tokens", "budget.gain: measured cost in tokens of a "
+                               "verified row (row) and of drafting at all (request), before the margin.",
+                               ["part"])
+        self.gain_step = gauge("treespec_gain_step_seconds", "budget.gain's step-cost fit: base, per "
+                               "verified row (row) and per speculative step (speculative) seconds.",
+                               ["part"])
 
 
     def observe_draft(self, seconds: float, budgets: Sequence[int]) -> None:
@@ -123,6 +132,16 @@ class TreeMetrics:
 
     def observe_step(self, seconds: float) -> None:
         self.step_seconds.observe(seconds)
+
+    def observe_gain(self, counts: dict[str, int], costs: tuple[float, float],
+                     coefficients: tuple[float, float, float]) -> None:
+        for decision, n in counts.items():
+            if n:
+                self.gain_decisions.labels(self.model_name, decision).inc(n)
+        for part, value in zip(("row", "request"), costs):
+            self.gain_cost.labels(self.model_name, part).set(value)
+        for part, value in zip(("base", "row", "speculative"), coefficients):
+            self.gain_step.labels(self.model_name, part).set(value)
 
     def observe_fallback(self, reason: str) -> None:
         self.fallbacks.labels(self.model_name, reason).inc()

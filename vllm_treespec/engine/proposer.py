@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from vllm_treespec.budget import make_budget_policy
-from vllm_treespec.budget.gain import GainControl, gain_class
+from vllm_treespec.budget.gain import GAIN_DECISIONS, GainControl, decision_kind, gain_class
 from vllm_treespec.budget.reach import SAMPLED, ReachCap
 from vllm_treespec.config import TreespecConfig, from_additional_config
 from vllm_treespec.drafters import DraftInputs, make_drafter
@@ -348,6 +348,7 @@ class TreeProposer:
         budget = min(budget, chosen)
         caps = [min(budget, max(self.max_model_len - t, 0)) if d else 0 for t, d in zip(lengths, decoding)]
         gain_costs = None     # budget.gain's row and request costs, once per step
+        gain_counts: dict[str, int] = {}
         if self.gain is not None:
             self.gain.begin_step()
         for i, cap in enumerate(caps):
@@ -369,8 +370,13 @@ class TreeProposer:
                     if self.gain is not None and caps[i] > 0:
                         if gain_costs is None:
                             gain_costs = self.gain.measured_costs()
-                        caps[i] = self.gain.decide(req_ids[i], caps[i], st.seeded_sampled,
-                                                   gain_costs, st.gain_class).nodes
+                            gain_counts = dict.fromkeys(GAIN_DECISIONS, 0)
+                        decision = self.gain.decide(req_ids[i], caps[i], st.seeded_sampled,
+                                                    gain_costs, st.gain_class)
+                        caps[i] = decision.nodes
+                        gain_counts[decision_kind(decision, self.gain.calibrating)] += 1
+        if gain_costs is not None:
+            self.stats.observe_gain(gain_counts, gain_costs, self.gain.cost.coefficients())
         if not any(caps) and not getattr(self.drafter, "uses_target_states", False):
             return self._propose_nothing(runner, req_ids, decoding, caps, start)
         budgets = np.array(caps, dtype=np.int64)

@@ -38,6 +38,7 @@ class TreeStats:
     own_steps: int = 0
     budget_choices: dict[int, int] = field(default_factory=dict)   # policy choice -> steps
     reach_caps: dict[str, float] = field(default_factory=dict)     # budget.reach_floor: class -> mean cap
+    gain_decisions: dict[str, int] = field(default_factory=dict)   # budget.gain: kind -> requests
     metrics: Any = None          # TreeMetrics, or None when this worker exports nothing
     # plain lists: a step adds one count per tree, which numpy's per-call cost would dominate
     nodes_hist: list[int] = field(init=False)
@@ -101,6 +102,17 @@ class TreeStats:
             self.metrics.observe_reach(caps)
         self.reach_caps = dict(caps)
 
+    def observe_gain(self, counts: dict[str, int], costs: tuple[float, float],
+                     coefficients: tuple[float, float, float]) -> None:
+        """budget.gain, once per step in which it decided: how many requests it let draft,
+        probed, kept stopped or held for calibration; the costs it decided with (tokens per
+        verified row, tokens per drafting request, before the margin); its step-cost fit
+        (base, per-row and speculative-step seconds)."""
+        if self.metrics is not None:
+            self.metrics.observe_gain(counts, costs, coefficients)
+        for kind, n in counts.items():
+            self.gain_decisions[kind] = self.gain_decisions.get(kind, 0) + n
+
     def observe_fallback(self, reason: str) -> None:
         """A decoding request got no drafts this step; reason: the request option that forbids
         them (engine/eligibility.py). Counted on /metrics only: the proposer keeps per-request
@@ -124,4 +136,5 @@ class TreeStats:
             "nodes_hist": list(self.nodes_hist), "depth_hist": list(self.depth_hist),
             "budget_choices": dict(sorted(self.budget_choices.items())),
             "reach_caps": dict(self.reach_caps),
+            "gain_decisions": dict(self.gain_decisions),
         }
