@@ -247,3 +247,12 @@ def test_decision_kinds_for_metrics():
     assert decision_kind(GainDecision(2, probe=True), False) == "probe"
     assert decision_kind(GainDecision(0), False) == "stopped"
     assert decision_kind(GainDecision(0), True) == "calibration"
+
+
+def test_a_probe_accepted_to_its_end_keeps_probing_soon():
+    """A request whose 2-node probes are accepted whole is matching again: it probes at
+    probe_every until its acceptance lets it draft, instead of backing off."""
+    gain = GainControl(8, probe_every=2, max_probe_every=16, probe_nodes=2, calibrate_every=0)
+    _learn(gain, "r", 8, 0)
+    probes = _probe_steps(gain, "r", 40, (0.2, 3.0), accepted=2)     # dear to draft: stays probing
+    assert np.diff(probes).tolist()[:4] == [2, 2, 2, 2], probes

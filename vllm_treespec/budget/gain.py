@@ -313,10 +313,13 @@ class GainControl:
     # -- observations --------------------------------------------------------------------------
     def observe_trees(self, req_ids: Sequence[str], depths: Sequence[int], accepted: Sequence[int]) -> None:
         """One verified step: per drafted request its deepest node's depth and accepted length.
-        Every probe doubles the request's probe interval (up to the maximum): a probe makes its
-        whole step speculative, so a request whose probes accept a little but not enough to
-        draft must not probe often; the interval resets when its acceptance makes drafting pay
-        again (`decide`)."""
+        A probe that is not accepted to its end doubles the request's probe interval (up to the
+        maximum): a probe makes its whole step speculative, so a request whose probes accept a
+        little but not enough to draft must not probe often. One accepted to its end resets
+        the interval: its text is matching again, and one 2-node probe moves its acceptance too
+        little to resume drafting at once (served at 8 greedy clients, 90% of decisions were
+        `stopped` while probes accepted 2.3 tokens per tree). The interval also resets when
+        drafting pays again (`decide`)."""
         self.reach.observe(req_ids, depths, accepted)
         for req_id, depth, acc in zip(req_ids, depths, accepted):
             cls = self._class_of.get(req_id)
@@ -325,8 +328,8 @@ class GainControl:
             if req_id in self._probing:
                 self._probing.discard(req_id)
                 self._probed.add(req_id)
-                self._interval[req_id] = min(2 * self._interval.get(req_id, self.probe_every),
-                                             self.max_probe_every)
+                self._interval[req_id] = self.probe_every if acc >= depth else \
+                    min(2 * self._interval.get(req_id, self.probe_every), self.max_probe_every)
 
     def observe_step(self, seconds: float, rows: int, speculative: bool, emitted: int,
                      drafting: int = 0, drafter_seconds: float = 0.0,

@@ -1,0 +1,82 @@
+"""What budget.gain decides on a served run: one server, unseen prompts at a fixed concurrency and
+temperature, then its treespec_gain_* and tree series read from /metrics (docs/metrics.md).
+
+Why: probe_gain.py reads the controller in one offline process, where steps cost what they cost
+there; served, the engine core and the worker are separate processes and the step costs the
+controller fits are the served ones. For diagnosing decisions, not a speed comparison (no
+paired baseline: use bench_matrix.py).
+
+    .venv/bin/python benchmarks/served_gain.py --config default:12 --temperature 0 --concurrency 8 \
+        --output benchmarks/results/served_gain_t0_c8_code-lm.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+SERIES = ("treespec_gain_decisions_total", "treespec_gain_cost_tokens", "treespec_gain_step_seconds",
+          "treespec_tree_nodes_sum", "treespec_tree_nodes_count", "treespec_accepted_depth_sum")
+
+
+def parse_series(text: str) -> dict[str, float]:
+    """Prometheus text -> {'name' or 'name{label}': value} for SERIES, the model label dropped."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = re.match(r"^([a-zA-Z_:]+)(\{[^}]*\})? ([0-9.eE+-]+)$", line)
+        if not m or m.group(1) not in SERIES:
+            continue
+        extra = [kv for kv in re.findall(r'(\w+)="([^"]*)"', m.group(2) or "") if kv[0] != "model_name"]
+        key = m.group(1) + ("{" + ",".join(f"{k}={v}" for k, v in extra) + "}" if extra else "")
+        out[key] = out.get(key, 0.0) + float(m.group(3))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--fixture", default="code-lm")
+    ap.add_argument("--model-dir", default=None)
+    ap.add_argument("--config", default="default:12", help="a bench_matrix.py config spec")
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--num-prompts", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--output", type=Path, default=None)
+    ns = ap.parse_args(argv)
+
+    from bench_matrix import parse_configs, serve_args_default_dtype
+    from bench_serving import resolve_model
+    from unseen_prompts import build_prompts
+    from vllm_treespec.report import hardware_info, software_info
+    from vllm_treespec.serving import CPU_SERVE_ARGS, run_load, serve
+
+    _, model_dir, _ = resolve_model(ns)
+    cfg = parse_configs([ns.config])[-1]
+    pool = [p.text for p in build_prompts(ns.num_prompts + ns.concurrency, seed=13)]
+    with serve(model_dir, cfg.args, base_args=serve_args_default_dtype(CPU_SERVE_ARGS)) as server:
+        run_load(server, pool[ns.num_prompts:], max_tokens=32, concurrency=ns.concurrency,
+                 temperature=ns.temperature)
+        before = parse_series(urllib.request.urlopen(server.base_url + "/metrics", timeout=10).read().decode())
+        load = run_load(server, pool[:ns.num_prompts], max_tokens=ns.max_tokens,
+                        concurrency=ns.concurrency, temperature=ns.temperature)
+        after = parse_series(urllib.request.urlopen(server.base_url + "/metrics", timeout=10).read().decode())
+    counters = {k: after[k] - before.get(k, 0.0) for k in after
+                if k.startswith(("treespec_gain_decisions_total", "treespec_tree_", "treespec_accepted_"))}
+    gauges = {k: v for k, v in after.items() if k not in counters}
+    record = {"benchmark": "served_gain", "hardware": hardware_info(), "software": software_info(),
+              "settings": vars(ns) | {"output": str(ns.output) if ns.output else None},
+              "tokens_per_s": load.tokens_per_s, "during_load": counters, "last_values": gauges}
+    text = json.dumps(record, indent=1)
+    print(text)
+    if ns.output:
+        ns.output.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
