@@ -425,7 +425,8 @@ class GainConfig:
         "Steps a request that stopped drafting waits before a probe draft (unseeded requests "
         "probe together, on the steps that are multiples of their interval) ..."))
     max_probe_every: int = spec(64, ge=1, le=1000000, doc=(
-        "... doubling after each probe until drafting pays again, up to this many."))
+        "... doubling after each probe not accepted to its end, up to this many (a probe "
+        "accepted whole, or drafting that pays again, resets it)."))
     probe_nodes: int = spec(2, ge=1, le=1024, doc="Nodes of a probe draft.")
     fixed_row_cost: float = spec(0.05, ge=0.0, le=1.0, doc=(
         "Seeded sampled requests: the cost of a verified row in tokens (their trees, and so their "

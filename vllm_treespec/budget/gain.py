@@ -7,8 +7,8 @@ tokens it is expected to add exceed the tokens its verification costs the batch;
 worth drafting at all when its nodes' net gain exceeds the fixed cost of a speculative step
 (drafting, spec-decode metadata, tree acceptance). Requests whose drafts do not pay stop drafting
 (no rows, no drafter call; a step where nobody drafts is a plain step, runner_patches) and are
-probed again now and then with a small draft, on a schedule that backs off until drafting
-pays again.
+probed again now and then with a small draft, on a schedule that backs off while probes are
+not accepted whole.
 
 Per request, step and candidate depth d the controller compares
     reach(d)                                      P(the request accepts through depth d), its own
@@ -45,7 +45,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from vllm_treespec.budget.reach import ReachCap, observe_depths
+from vllm_treespec.budget.reach import SAMPLED, ReachCap, observe_depths
 
 __all__ = ["ClassAcceptance", "GAIN_DECISIONS", "GainControl", "GainDecision", "StepCost", "decision_kind",
            "gain_class"]
@@ -59,7 +59,7 @@ def gain_class(temperature: float | None) -> str | None:
     file vs prose), a wrong first draft costs them only its rows, and a pooled prior held
     repetitive requests back for a probe interval (greedy at one client fell from 1.54x to
     1.2-1.3x in docs/never-slower.md's matrix)."""
-    if temperature is None or float(temperature) < 1e-5:
+    if ReachCap.sampling_class(temperature) != SAMPLED:
         return None
     return f"T{float(temperature):.1f}"
 
@@ -189,7 +189,8 @@ def decision_kind(decision: GainDecision, calibrating: bool) -> str:
 class GainControl:
     """See the module docstring. `max_depth`: the most nodes any request may get;
     `probe_every` / `max_probe_every`: steps a stopped request waits before a probe (doubling
-    after each probe until drafting pays again, up to the maximum); `probe_nodes`: a probe's size;
+    after each probe not accepted to its end, up to the maximum; see `observe_trees`);
+    `probe_nodes`: a probe's size;
     `fixed_row_cost` / `fixed_request_cost`: the costs in tokens that seeded sampled requests
     are decided with; `margin`: measured costs are multiplied by it before deciding (what a
     speculative step costs beyond the model, e.g. the engine's per-step spec-decode handling,
