@@ -259,8 +259,8 @@ class GainControl:
             return GainDecision(0)
         if req_id in self._waited and req_id not in self._probed:
             # stopped and nothing new about it since: it waits for its probe without re-deciding
-            # (a stopped request learns only from probes; at 32 requests re-deciding every
-            # stopped one cost 0.3 ms a step)
+            # (a stopped request learns only from probes, so re-deciding it would cost a reach
+            # computation per request and step for nothing)
             waited = self._waited[req_id] + 1
             if not self._due(waited, self._interval.get(req_id, self.probe_every), seeded_sampled):
                 self._waited[req_id] = waited

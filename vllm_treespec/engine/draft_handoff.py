@@ -4,7 +4,7 @@ vLLM 0.32.0's engine core asks the worker for the next step's drafts after every
 (`EngineCore.post_step` -> `executor.take_draft_token_ids()`); with the multiprocess executor
 (vLLM's default, also on CPU) that is one more RPC through the shared-memory queues: the engine
 core enqueues, the worker wakes, answers, the engine core wakes. Served on the 2-core VM that
-round trip was 7.5% of the engine core's samples under 8 sampled clients with nothing drafted
+round trip showed in a profile of the engine core under 8 sampled clients with nothing drafted
 (`benchmarks/profile_serving.py`; docs/never-slower.md section 1), on top of the two RPCs a
 step without speculation pays (`execute_model`, `sample_tokens`).
 
