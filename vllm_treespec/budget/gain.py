@@ -57,8 +57,8 @@ def gain_class(temperature: float | None) -> str | None:
     filters). None for greedy requests: they keep the optimistic prior, because how much of a
     greedy draft is accepted depends on the request's own text (prompt lookup on a repetitive
     file vs prose), a wrong first draft costs them only its rows, and a pooled prior held
-    repetitive requests back for a probe interval (greedy at one client fell from 1.54x to
-    1.2-1.3x in docs/never-slower.md's matrix)."""
+    repetitive requests back for a probe interval (greedy at one client: 1.28x with it, 1.50x
+    without, docs/never-slower.md section 4)."""
     if ReachCap.sampling_class(temperature) != SAMPLED:
         return None
     return f"T{float(temperature):.1f}"
