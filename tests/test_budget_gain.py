@@ -170,6 +170,10 @@ def test_gain_config_is_checked():
                      "budget": {"gain": {"probe_every": 16, "max_probe_every": 4}}}, 8)
     with pytest.raises(ConfigError, match="budget.gain.enabld"):
         load_config({"preset": "prompt-lookup", "budget": {"gain": {"enabld": True}}}, 8)
+    with pytest.raises(ConfigError, match="budget.gain.calibrate_every"):
+        load_config({"preset": "prompt-lookup", "budget": {"gain": {"calibrate_every": -1}}}, 8)
+    assert load_config({"preset": "prompt-lookup",
+                        "budget": {"gain": {"calibrate_every": 0}}}, 8).budget.gain.calibrate_every == 0
 
 
 def test_margin_stops_drafts_the_model_rates_break_even():
