@@ -9,8 +9,11 @@ import glob
 import os
 import re
 
-from pybind11.setup_helpers import Pybind11Extension, build_ext
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
 from setuptools import find_packages, setup
+
+# Compile the C++ sources in parallel (one job per core unless NPY_NUM_BUILD_JOBS says).
+ParallelCompile("NPY_NUM_BUILD_JOBS").install()
 
 
 def _package_constant(name: str) -> str:

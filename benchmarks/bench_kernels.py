@@ -5,6 +5,8 @@ message (code 2) elsewhere.
 Attention, per (batch, context, tree size), every request with the same prefix length and a
 random tree of that size, Hq 32 / Hkv 8 (8B-class GQA), bf16, paged blocks of 16:
   tree_triton      kernels.tree_attention on the paged cache (the kernel under test)
+  causal_ours      the same kernel and rows with every request flagged causal (j <= i, mask
+                   words unread): what the ancestor mask itself costs
   causal_sdpa      the same number of query rows, causal (lower-right) SDPA on contiguous K/V:
                    the chain/causal path's cost at equal query tokens
   causal_vllm_fa   vLLM's FlashAttention varlen kernel on the paged cache, causal (if importable)
@@ -12,14 +14,16 @@ random tree of that size, Hq 32 / Hkv 8 (8B-class GQA), bf16, paged blocks of 16
   flex_block_mask  FlexAttention with a BlockMask built from the tree mask (build time reported
                    separately: it is paid every step)
   flashinfer_mask  FlashInfer paged prefill with a custom mask (if flashinfer is installed)
+Tiles (`--tune-s`): a sweep of BLOCK_M x BLOCK_N x warps x stages at a few shapes, each variant
+checked against the default tiles' output before it is timed.
 Compaction: 32 layers x (K, V) caches, every request moving `moves` slots (alias chains),
 Triton and (if built) the CUDA op, against torch's D2D copy rate on a 1 GiB buffer.
 
     python benchmarks/bench_kernels.py                       # full grid, JSON to results/
     python benchmarks/bench_kernels.py --batches 1 8 --contexts 4096 --trees 64 --out x.json
 
-Times are triton.testing.do_bench medians (ms). Nothing here has been run yet (see
-kernels/NOTES.md).
+Times are triton.testing.do_bench medians (ms). `--budget-s` skips the grid points left once
+that many seconds have passed (recorded as skipped), so a leased GPU run ends on time.
 """
 from __future__ import annotations
 
@@ -35,10 +39,24 @@ import torch
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+DEVICE = "cuda"          # `--smoke` switches to "cpu": the interpreter, tiny shapes, no timing value
+
+
 def _bench(fn: Callable[[], Any]) -> float:
+    if DEVICE != "cuda":                   # smoke run: one call, wall clock
+        import time
+
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
     import triton.testing
 
     return float(triton.testing.do_bench(fn, warmup=10, rep=50))
+
+
+def _empty_cache() -> None:
+    if DEVICE == "cuda":
+        _empty_cache()
 
 
 def _try(fn: Callable[[], float]) -> float | str:
@@ -58,7 +76,7 @@ class Case:
         from vllm_treespec.tree.testing import random_tree
 
         rng = np.random.default_rng(seed)
-        dev = torch.device("cuda")
+        dev = torch.device(DEVICE)
         self.b, self.ctx, self.n, self.hq, self.hkv, self.d = batch, context, tree, hq, hkv, d
         self.L = context + tree
         self.scale = d ** -0.5
@@ -105,12 +123,20 @@ class Case:
         kv = 4 * batch * (context + tree) * hkv * d * itemsize      # paged + contiguous, K and V
         return kv + batch * tree * (context + tree) + 4 * batch * tree * hq * d * itemsize
 
-    def tree_triton(self) -> torch.Tensor:
+    def tree_triton(self, **tiles: int) -> torch.Tensor:
         from vllm_treespec.kernels.tree_attention import paged_tree_attention
 
         return paged_tree_attention(self.q, self.key_cache, self.value_cache, self.block_table,
                                     self.prefix, self.offsets, self.anc_mask, self.scale,
-                                    max_rows=self.n, max_prefix=self.ctx)
+                                    max_rows=self.n, max_prefix=self.ctx, **tiles)
+
+    def causal_ours(self) -> torch.Tensor:
+        from vllm_treespec.kernels.tree_attention import paged_tree_attention
+
+        causal = torch.ones(self.b, dtype=torch.int32, device=self.q.device)
+        return paged_tree_attention(self.q, self.key_cache, self.value_cache, self.block_table,
+                                    self.prefix, self.offsets, self.anc_mask, self.scale,
+                                    causal=causal, max_rows=self.n, max_prefix=self.ctx)
 
     def causal_sdpa(self) -> torch.Tensor:
         from torch.nn.attention.bias import causal_lower_right
@@ -145,7 +171,7 @@ class Case:
             return (kv_idx < ctx) | tree_mask[b, q_idx, (kv_idx - ctx).clamp(min=0)]
 
         build = lambda: create_block_mask(mask_mod, self.b, None, self.n, self.L,  # noqa: E731
-                                          device="cuda")
+                                          device=DEVICE)
         block_mask = build()
         attn = torch.compile(flex_attention)
         run = lambda: attn(self.q_bhnd, self.k_contig, self.v_contig,  # noqa: E731
@@ -172,8 +198,10 @@ class Case:
 
 def attention_row(case: Case, methods: set[str]) -> dict[str, Any]:
     row: dict[str, Any] = {"batch": case.b, "context": case.ctx, "tree": case.n}
-    row["max_abs_diff_req0_vs_fp64"] = case.check_first_request()
+    row["max_abs_diff_req0_vs_fp64"] = _try(case.check_first_request)
     row["tree_triton_ms"] = _try(lambda: _bench(case.tree_triton))
+    if "causal_ours" in methods:
+        row["causal_ours_ms"] = _try(lambda: _bench(case.causal_ours))
     if "causal_sdpa" in methods:
         row["causal_sdpa_ms"] = _try(lambda: _bench(case.causal_sdpa))
     if "causal_vllm_fa" in methods:
@@ -189,15 +217,50 @@ def attention_row(case: Case, methods: set[str]) -> dict[str, Any]:
             row["flex_block_mask_ms"] = f"error: {type(e).__name__}: {str(e)[:200]}"
     if "flashinfer_mask" in methods:
         row["flashinfer_mask_ms"] = _try(lambda: _bench(case.flashinfer()))
-    for base in ("causal_sdpa_ms", "causal_vllm_fa_ms", "flashinfer_mask_ms"):
+    for base in ("causal_ours_ms", "causal_sdpa_ms", "causal_vllm_fa_ms", "sdpa_dense_mask_ms",
+                 "flex_block_mask_ms", "flashinfer_mask_ms"):
         if isinstance(row.get(base), float) and isinstance(row["tree_triton_ms"], float):
             row[f"tree_over_{base[:-3]}"] = row["tree_triton_ms"] / row[base]
     return row
 
 
+TUNE_SHAPES = ((1, 4096, 64), (8, 4096, 64), (32, 4096, 16), (8, 32768, 16))
+TUNE_TILES = tuple((m, n, w, s) for m in (64, 128, 32) for n in (64, 32) for w in (8, 4)
+                   for s in (2, 3))
+
+
+def tune_rows(shapes: tuple[tuple[int, int, int], ...], hq: int, hkv: int, d: int,
+              dtype: torch.dtype, block_size: int, seconds: float) -> list[dict[str, Any]]:
+    """Tile variants at each shape (an equal share of `seconds` each): error against the
+    default tiles' output, then time."""
+    import time
+
+    rows = []
+    for k, (b, ctx, n) in enumerate(shapes):
+        deadline = time.monotonic() + seconds / len(shapes)
+        case = Case(b, ctx, n, hq, hkv, d, dtype, block_size, seed=1)
+        want = case.tree_triton().float()
+        for bm, bn, warps, stages in TUNE_TILES:
+            if time.monotonic() > deadline:
+                rows.append({"batch": b, "context": ctx, "tree": n, "skipped": "budget"})
+                break
+            tiles = dict(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages)
+            row: dict[str, Any] = {"batch": b, "context": ctx, "tree": n, **tiles}
+            try:
+                got = case.tree_triton(**tiles).float()
+                row["max_abs_diff_vs_default"] = float((got - want).abs().max())
+                row["ms"] = _bench(lambda: case.tree_triton(**tiles))
+            except Exception as e:  # noqa: BLE001 - a variant that fails to compile is data
+                row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
+            rows.append(row)
+        del case
+        _empty_cache()
+    return rows
+
+
 def d2d_gbps() -> float:
     """torch copy_ between two 1 GiB buffers: bytes read + written per second, GB/s."""
-    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    a = torch.empty(1 << 30, dtype=torch.uint8, device=DEVICE)
     b = torch.empty_like(a)
     ms = _bench(lambda: b.copy_(a))
     return 2 * a.numel() / (ms * 1e-3) / 1e9
@@ -212,11 +275,11 @@ def compaction_rows(batches: list[int], moves: int, layers: int, hkv: int, d: in
     for b in batches:
         span = moves + 2
         blocks = -(-b * span // block_size) + 1
-        caches = [torch.randn(2, blocks, block_size, hkv, d, device="cuda").to(dtype)
+        caches = [torch.randn(2, blocks, block_size, hkv, d, device=DEVICE).to(dtype)
                   for _ in range(layers)]
         kv = KVLayers.from_caches(caches)
-        base = torch.arange(b, device="cuda")[:, None] * span
-        j = torch.arange(1, moves + 1, device="cuda")[None, :]
+        base = torch.arange(b, device=DEVICE)[:, None] * span
+        j = torch.arange(1, moves + 1, device=DEVICE)[None, :]
         src, dst = base + j + 1, base + j              # alias chain: node j+1 -> slot j
         nbytes = 2 * b * moves * 2 * layers * hkv * d * caches[0].element_size()  # read+write
         row: dict[str, Any] = {"batch": b, "moves_per_request": moves, "layers": layers}
@@ -227,7 +290,7 @@ def compaction_rows(batches: list[int], moves: int, layers: int, hkv: int, d: in
             row.update(cuda_ms=ms, cuda_gbps=nbytes / (ms * 1e-3) / 1e9)
         rows.append(row)
         del caches, kv
-        torch.cuda.empty_cache()
+        _empty_cache()
     return rows
 
 
@@ -242,25 +305,58 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-gib", type=float, default=None,
                    help="skip grid points needing more (default: 80%% of free GPU memory)")
-    p.add_argument("--methods", nargs="+", default=["causal_sdpa", "causal_vllm_fa",
-                   "sdpa_dense_mask", "flex_block_mask", "flashinfer_mask"])
+    p.add_argument("--methods", nargs="+", default=["causal_ours", "causal_sdpa",
+                   "causal_vllm_fa", "sdpa_dense_mask", "flex_block_mask", "flashinfer_mask"])
+    p.add_argument("--flex-contexts", type=int, nargs="*", default=None,
+                   help="contexts at which to run FlexAttention (each new shape recompiles it; "
+                        "default: all)")
+    p.add_argument("--tune-s", type=float, default=0.0,
+                   help="seconds for a sweep of tile variants at TUNE_SHAPES (0: none)")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="skip the grid points left after this many seconds")
     p.add_argument("--compaction-moves", type=int, default=8)
+    p.add_argument("--compaction-batches", type=int, nargs="+", default=[1, 8, 32, 128, 512],
+                   help="requests per compaction (large ones show the bandwidth, small ones "
+                        "the launch floor)")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--smoke", action="store_true",
+                   help="CPU, Triton interpreter, whatever shapes are given: checks that the "
+                        "script runs (times mean nothing); TRITON_INTERPRET=1 must be set")
     ns = p.parse_args(argv)
+    global DEVICE
+    if ns.smoke:
+        DEVICE = "cpu"
+        return _main(ns)
     if not torch.cuda.is_available():
         print("bench_kernels.py needs a CUDA GPU (torch.cuda.is_available() is False); "
               "nothing was measured.", file=sys.stderr)
         return 2
+    return _main(ns)
+
+
+def _gpu_info() -> dict[str, Any]:
+    if DEVICE != "cuda":
+        return {"name": "cpu (smoke run: Triton interpreter, times meaningless)"}
+    props = torch.cuda.get_device_properties(0)
+    return {"name": props.name, "capability": f"{props.major}.{props.minor}",
+            "sms": props.multi_processor_count, "memory_gib": round(props.total_memory / 2**30, 1)}
+
+
+def _main(ns: argparse.Namespace) -> int:
     from vllm_treespec.report import software_info
 
     dtype = getattr(torch, ns.dtype)
     hq, hkv = ns.heads
-    free = torch.cuda.mem_get_info()[0]
+    free = torch.cuda.mem_get_info()[0] if DEVICE == "cuda" else 8 * 2**30
     budget = (ns.max_gib * 2**30) if ns.max_gib else 0.8 * free
     methods = set(ns.methods)
+    import time
+
+    start = time.monotonic()
+    deadline = start + (ns.budget_s or float("inf"))
     rows: list[dict[str, Any]] = []
-    print(f"{'B':>4} {'ctx':>6} {'tree':>5} {'ours ms':>8} {'causal':>8} {'dense':>8} "
-          f"{'flex':>8} {'finfer':>8}")
+    print(f"{'B':>4} {'ctx':>6} {'tree':>5} {'ours ms':>8} {'ourcaus':>8} {'causal':>8} "
+          f"{'dense':>8} {'flex':>8} {'finfer':>8}")
     for b in ns.batches:
         for ctx in ns.contexts:
             for n in ns.trees:
@@ -269,35 +365,44 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append({"batch": b, "context": ctx, "tree": n,
                                  "skipped": f"needs ~{need / 2**30:.1f} GiB"})
                     continue
+                if time.monotonic() > deadline:
+                    rows.append({"batch": b, "context": ctx, "tree": n, "skipped": "budget"})
+                    continue
                 case = Case(b, ctx, n, hq, hkv, ns.head_dim, dtype, ns.block_size)
-                row = attention_row(case, methods)
+                flex_here = ns.flex_contexts is None or ctx in ns.flex_contexts
+                row = attention_row(case, methods if flex_here else methods - {"flex_block_mask"})
                 rows.append(row)
                 del case
-                torch.cuda.empty_cache()
+                _empty_cache()
                 f = lambda k: (f"{row[k]:8.3f}" if isinstance(row.get(k), float)  # noqa: E731
                                else f"{'-':>8}")
-                print(f"{b:>4} {ctx:>6} {n:>5} {f('tree_triton_ms')} {f('causal_sdpa_ms')} "
+                print(f"{b:>4} {ctx:>6} {n:>5} {f('tree_triton_ms')} {f('causal_ours_ms')} "
+                      f"{f('causal_sdpa_ms')} "
                       f"{f('sdpa_dense_mask_ms')} {f('flex_block_mask_ms')} "
                       f"{f('flashinfer_mask_ms')}", flush=True)
-    d2d = d2d_gbps()
-    comp = compaction_rows(ns.batches, ns.compaction_moves, 32, hkv, ns.head_dim, dtype,
+    shapes = TUNE_SHAPES if not ns.smoke else ((1, 32, 16),)
+    tuning = (tune_rows(shapes, hq, hkv, ns.head_dim, dtype, ns.block_size, ns.tune_s)
+              if ns.tune_s > 0 else [])
+    for r in sorted((r for r in tuning if "ms" in r), key=lambda r: r["ms"])[:8]:
+        print(f"tune B={r['batch']} ctx={r['context']} tree={r['tree']}: {r['block_m']}x"
+              f"{r['block_n']} w{r['num_warps']} s{r['num_stages']} {r['ms']:.4f} ms")
+    d2d = d2d_gbps() if DEVICE == "cuda" else float("nan")
+    comp = compaction_rows(ns.compaction_batches, ns.compaction_moves, 32, hkv, ns.head_dim, dtype,
                            ns.block_size)
     print(f"D2D copy: {d2d:.0f} GB/s")
     for r in comp:
         print(f"compaction B={r['batch']:>4}: triton {r['triton_ms']:.4f} ms "
               f"({r['triton_gbps']:.0f} GB/s, {r['triton_gbps'] / d2d:.0%} of D2D)")
-    props = torch.cuda.get_device_properties(0)
+    gpu = _gpu_info()
     import triton
 
-    record = {"benchmark": "bench_kernels",
-              "gpu": {"name": props.name, "capability": f"{props.major}.{props.minor}",
-                      "sms": props.multi_processor_count,
-                      "memory_gib": round(props.total_memory / 2**30, 1)},
+    record = {"benchmark": "bench_kernels", "gpu": gpu,
               "software": software_info() | {"triton": triton.__version__},
               "settings": {"hq": hq, "hkv": hkv, "head_dim": ns.head_dim, "dtype": ns.dtype,
                            "block_size": ns.block_size, "timer": "triton.testing.do_bench median"},
-              "attention": rows, "d2d_copy_gbps": d2d, "compaction": comp}
-    out = ns.out or RESULTS / f"bench_kernels_{props.name.replace(' ', '_')}.json"
+              "attention": rows, "tuning": tuning, "d2d_copy_gbps": d2d, "compaction": comp,
+              "seconds": time.monotonic() - start}
+    out = ns.out or RESULTS / f"bench_kernels_{gpu['name'].replace(' ', '_')}.json"
     out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {out}")
     return 0

@@ -260,7 +260,8 @@ def paged_tree_attention(query: torch.Tensor, key_cache: torch.Tensor,
                          logits_soft_cap: float | None = None,
                          max_rows: int | None = None, max_prefix: int | None = None,
                          num_splits: int | None = None, block_m: int | None = None,
-                         block_n: int | None = None, out: torch.Tensor | None = None
+                         block_n: int | None = None, num_warps: int | None = None,
+                         num_stages: int | None = None, out: torch.Tensor | None = None
                          ) -> torch.Tensor:
     """Attention of every tree row over its request's prefix and its ancestors-or-self.
 
@@ -273,10 +274,12 @@ def paged_tree_attention(query: torch.Tensor, key_cache: torch.Tensor,
     max_rows / max_prefix: upper bounds on rows per request and prefix length, which size the
     grid and the split choice; pass them (e.g. from the step's budget) to avoid a host sync and
     for CUDA graphs. num_splits: prefix splits (default: 1 on CPU, ``choose_num_splits`` on GPU).
+    block_m / block_n / num_warps / num_stages override ``default_config`` (tile tuning).
     Returns ``out`` (or a new tensor) ``[T, Hq, D]`` in the query dtype.
     """
     bm, bn, warps, stages = default_config(triton.next_power_of_2(query.shape[-1]), query.dtype)
     block_m, block_n = block_m or bm, block_n or bn
+    warps, stages = num_warps or warps, num_stages or stages
     _check(query, key_cache, value_cache, block_table, anc_mask, block_n)
     t, hq, d = query.shape
     _, bs, hkv, _ = key_cache.shape
