@@ -41,7 +41,7 @@ def extensions() -> list:
         Pybind11Extension(
             "vllm_treespec._C",
             cpp_sources(),
-            include_dirs=["csrc"],
+            include_dirs=[os.path.abspath("csrc")],   # absolute: ninja builds from build/
             cxx_std=17,
             extra_compile_args=["-O3", "-fvisibility=hidden"],
         )

@@ -56,7 +56,7 @@ def _bench(fn: Callable[[], Any]) -> float:
 
 def _empty_cache() -> None:
     if DEVICE == "cuda":
-        _empty_cache()
+        torch.cuda.empty_cache()
 
 
 def _try(fn: Callable[[], float]) -> float | str:

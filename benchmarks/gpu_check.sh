@@ -9,7 +9,7 @@
 #
 # The GPU machine has torch, triton, nvcc and pybind11 but no vLLM, so nothing here imports it.
 # Each step gets a share of a global deadline (GPU_CHECK_BUDGET_S, default 420 s) and one
-# failing step does not stop the others. Results land in OUTDIR as JSON, logs in
+# failing step does not stop the others; GPU_CHECK_SKIP="name ..." leaves steps out. Results land in OUTDIR as JSON, logs in
 # OUTDIR/gpu_check.log; the last lines printed are a summary table.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -43,6 +43,9 @@ declare -a summary=()
 # skipped when under 20 s remain.
 step() {
     local name=$1 cap=$2; shift 2
+    if [[ " ${GPU_CHECK_SKIP:-} " == *" $name "* ]]; then
+        summary+=("$(printf '%-14s skipped (GPU_CHECK_SKIP)' "$name")"); return
+    fi
     local left=$(( budget - ($(date +%s) - t0) ))
     (( cap > left )) && cap=$left
     if (( cap < 20 )); then

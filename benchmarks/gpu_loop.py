@@ -616,10 +616,14 @@ def _add_comparison(rec: dict[str, Any], name: str, plain: RunResult | None,
 
 # ---------------------------------------------------------------------------- inputs / output
 def load_prompts(path: str | Path | None, model_dir: str | Path, batch: int) -> list[list[int]]:
-    """A JSON list of token-id lists, or the built-in code snippets tokenised; the first
-    `batch` (cycled when fewer are given)."""
+    """A JSON list of token-id lists (bare, or under "prompts" as benchmarks/gpu_carry.py
+    writes it), or the built-in code snippets tokenised; the first `batch` (cycled when fewer
+    are given)."""
     if path is not None:
-        prompts = [[int(t) for t in p] for p in json.loads(Path(path).read_text())]
+        data = json.loads(Path(path).read_text())
+        if isinstance(data, dict):
+            data = data["prompts"]
+        prompts = [[int(t) for t in p] for p in data]
     else:
         prompts = tokenize_prompts(model_dir, CODE_PROMPTS)
     prompts = [p for p in prompts if p]
