@@ -82,8 +82,10 @@ if [ -d "$carry" ]; then
 else
     summary+=("gpu_loop       skipped (no $carry: run benchmarks/gpu_carry.py here first)")
 fi
+step compile_check 40 "$PY" -m vllm_treespec.kernels.compile_check --arch 90
 step bench_kernels 160 "$PY" benchmarks/bench_kernels.py --batches 1 8 32 \
-    --contexts 1024 4096 16384 --trees 16 64 --flex-contexts 4096 --budget-s 90 --tune-s 30 \
+    --contexts 1024 4096 16384 --trees 16 64 --flex-contexts 4096 --budget-s 90 \
+    --tune-s "${GPU_CHECK_TUNE_S:-30}" \
     --out "$out/bench_kernels.json"
 step forward_costs 90 "$PY" benchmarks/gpu_forward_costs.py --budget-s 70 --out "$out"
 step memcheck 40 compute-sanitizer --tool memcheck --error-exitcode 9 \

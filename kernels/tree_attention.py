@@ -195,18 +195,25 @@ def _merge_kernel(PartOut, PartLse, Out,
     tl.store(Out + t * stride_ot + h * stride_oh + d, out.to(Out.dtype.element_ty), mask=d_ok)
 
 
-def default_config(head_dim: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) starting points, untuned on hardware.
+_TRITON_39 = tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (3, 9)
 
-    Chosen so that the sm_90 compile does not spill (kernels/compile_check.py prints registers
-    and stack): with 64x64 tiles head dim 128 needs 8 warps (4 spill), fp32 needs 32x32 tiles.
+
+def default_config(head_dim: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages).
+
+    Head dim 128 in 16-bit: 64x64 tiles with 4 warps, 3 stages, the fastest variant of the tile
+    sweep on an H100 with triton 3.6 (0.17 ms against 0.30 ms for 8 warps at 8 requests x 4096
+    keys x 64 nodes; benchmarks/results/bench_kernels_H100_tune.json, kernels/NOTES.md). Triton
+    3.9's sm_90 compile reports register spills for that variant (kernels/compile_check.py), and
+    it has not run on a GPU, so with triton >= 3.9 the spill-free 8 warps stay the default.
+    Other head dims and fp32 are compile-checked starting points, not tuned on hardware.
     """
     if dtype == torch.float32:
         return 32, 32, 4, 3
     if head_dim <= 64:
         return 64, 64, 4, 3
     if head_dim <= 128:
-        return 64, 64, 8, 3
+        return 64, 64, (8 if _TRITON_39 else 4), 3
     return 64, 32, 8, 2
 
 
