@@ -135,11 +135,13 @@ class HeadDrafter:
             logprobs[..., self.vocab_limit:] = -torch.inf
         k = min(self.cfg.topk, logprobs.shape[-1])
         top = torch.topk(logprobs, k, dim=-1)
+        # one copy to the host for all requests (the head may run on a GPU)
+        top_ids, top_lp = top.indices.cpu().numpy(), top.values.double().cpu().numpy()
         params = inputs.tree_params(self.params)             # with a budget.table rule's tree keys
         for j, i in enumerate(want):
             root = inputs.root(i)
             context = inputs.context(i, 16)[:-1] if self.rho is not None else ()
-            table = DepthTable(top.indices[j].numpy(), top.values[j].double().numpy(), root,
+            table = DepthTable(top_ids[j], top_lp[j], root,
                                context=context, rho=self.rho)
             trees[i] = build_tree(self.builder, table, int(inputs.budgets[i]), **params)
         return trees
@@ -166,10 +168,13 @@ class HeadDrafter:
             if cache is None:
                 cache = self.head.new_cache()
                 self.base_pos[req] = start
-            idx = torch.as_tensor(np.asarray(rows, dtype=np.int64))
-            feats = torch.cat([aux[k][idx] for k in self._feature_order], -1).to(self.head.fc.weight.dtype)
+            weight = self.head.fc.weight              # the head's device and dtype
+            idx = torch.as_tensor(np.asarray(rows, dtype=np.int64), device=aux[0].device)
+            feats = torch.cat([aux[k][idx] for k in self._feature_order], -1).to(
+                device=weight.device, dtype=weight.dtype)
             row = int(inputs.rows[i])
-            nxt = torch.as_tensor(inputs.token_ids[row, pos + 1].astype(np.int64))
+            nxt = torch.as_tensor(inputs.token_ids[row, pos + 1].astype(np.int64),
+                                  device=weight.device)
             self.caches.pop(req, None)          # re-inserted last: the LRU order of eviction
             self.caches[req] = self.head.extend(cache, feats, nxt)
         self._bound_memory(set(inputs.req_ids))
