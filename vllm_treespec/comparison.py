@@ -1,6 +1,6 @@
 """Side-by-side serving comparison: one server per configuration, the same prompts, ratios.
 
-Speedups are only meaningful as ratios measured in one run on one machine (DESIGN.md section 9),
+Speedups are only meaningful as ratios measured in one run on one machine (docs/design.md section 10),
 so demo and benchmark both go through `run_comparison` (measure) and `summarize` (derive rows).
 The math lives in small pure functions so it is unit-tested without a server.
 """

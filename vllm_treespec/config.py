@@ -773,7 +773,7 @@ def from_engine_args(speculative_config: Any, additional_config: Any) -> Treespe
 
 
 def config_reference() -> str:
-    """Markdown table of every config key (rendered into the README)."""
+    """Markdown table of every config key (rendered into docs/configuration.md)."""
     rows = []
     for row in reference_rows(TreespecConfig):
         if row[0] not in ("source", "drafter"):

@@ -1,7 +1,7 @@
 """What a results record says about where it was measured, and plain-text tables.
 
 Shared by `vllm-treespec demo` and `benchmarks/bench_serving.py` so both print the same hardware
-line and table layout, and every JSON record carries the same provenance (DESIGN.md section 9).
+line and table layout, and every JSON record carries the same provenance (docs/design.md section 10).
 """
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 clear errors and the generated reference.
 
 Why not pydantic: errors must name the full dotted key, the allowed values and the fix in one line
-an operator can act on, and the same declarations render the README's configuration reference.
+an operator can act on, and the same declarations render the configuration reference
+(docs/configuration.md).
 A section is a frozen dataclass whose fields carry `Field` metadata (`field(metadata=...)`).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Load-dependent node budgets (DESIGN.md section 6): how many draft nodes each request gets in
+"""Load-dependent node budgets (docs/budgets.md): how many draft nodes each request gets in
 a step, chosen from the load.
 
     policy = make_budget_policy(config.budget, num_speculative_tokens)
@@ -12,9 +12,9 @@ Modes (`budget.mode`): fixed (`FixedBudget`, the same budget every step), table 
 a checked batch-size / context-length table; presets in configs/budgets/) and auto (`AutoBudget`,
 maximises predicted accepted tokens per second online, with hysteresis). Pure Python: no vLLM.
 
-On top of any mode, `budget.reach_floor` (`ReachCap`, budget/reach.py; an addition to DESIGN.md
-section 6, session 18) caps each request's nodes at the depth it reaches with at least that
-probability, learnt from its own accepted drafts.
+On top of any mode, `budget.reach_floor` (`ReachCap`, budget/reach.py) caps each request's nodes
+at the depth it reaches with at least that probability, learnt from its own accepted drafts, and
+`budget.gain` (budget/gain.py) drafts only what pays at the current load (docs/budgets.md).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What a budget policy returns and the one interface every policy has (DESIGN.md section 6).
+"""What a budget policy returns and the one interface every policy has (docs/budgets.md).
 
 Why one small interface: the engine asks "how many draft nodes per request this step?" once per
 step and reports what happened afterwards; whether the answer comes from a constant, a table or an

@@ -88,7 +88,7 @@ class TableBudget(BudgetPolicy):
     def vllm_schedule(self, max_batch_size: int, context_len: int = 0) -> list[tuple[int, int, int]]:
         """The table as vLLM's `num_speculative_tokens_per_batch_size` ([(first, last, K), ...],
         inclusive, up to max_batch_size), at one context length: lets the scheduler size draft slots
-        per batch size (DESIGN.md section 6)."""
+        per batch size (docs/design.md section 5)."""
         c = max(0, int(context_len))
         out = []
         for rule, choice in zip(self.rules, self._choices):

@@ -1,5 +1,5 @@
 """Engine-agnostic tree core: draft trees, their batched form, candidates, builders, scorers and
-the template bandit. Nothing here imports vLLM (DESIGN.md sections 2-3).
+the template bandit. Nothing here imports vLLM (docs/design.md sections 1-2).
 
 Per request and step: a drafter produces candidates (a `DepthTable` or an `Expander`), a builder
 turns them into a `DraftTree` within a node budget, and `TreeBatch.from_trees` lays all requests'

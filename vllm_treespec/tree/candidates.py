@@ -1,4 +1,4 @@
-"""Candidates: what a drafter hands a tree builder (DESIGN.md section 3).
+"""Candidates: what a drafter hands a tree builder (docs/design.md section 2).
 
 Two shapes, because drafters come in two kinds:
 

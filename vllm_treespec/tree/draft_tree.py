@@ -1,4 +1,4 @@
-"""DraftTree: one request's draft tree for one step (DESIGN.md section 3).
+"""DraftTree: one request's draft tree for one step (docs/design.md section 2).
 
 Node 0 is the root, the last token already sampled (the first query token of a speculative
 request). Draft nodes 1..N follow in topological order (``parents[i] < i``), so every prefix of
