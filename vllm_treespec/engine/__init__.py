@@ -3,7 +3,8 @@
 `activate()` runs once per process, when a TreeProposer is constructed (inside the model
 runner's constructor, before the model and its attention layers are built): it checks the vLLM
 version, installs the runner patches from the explicit registry in `runner_patches` and
-registers the tree-aware CPU attention backend in place of CPU_ATTN.
+registers the tree-aware attention backend: CPU_ATTN's replacement on CPU, TRITON_ATTN's on CUDA
+(engine/tree_attention_triton.py; engine/backend_choice.py makes tree deployments use it).
 """
 from __future__ import annotations
 
@@ -34,6 +35,10 @@ def activate() -> None:
             from vllm_treespec.engine import tree_attention_backend
 
             tree_attention_backend.register()
+        elif current_platform.is_cuda():
+            from vllm_treespec.engine import tree_attention_triton
+
+            tree_attention_triton.register()
         _active = True
         init_logger(f"vllm.{__name__}").info("vllm_treespec active on vLLM %s: %d runner patches installed",
                     version, len(REGISTRY.patches))

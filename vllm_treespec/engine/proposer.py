@@ -63,6 +63,11 @@ class TreeProposer:
         self.num_speculative_tokens = int(spec.num_speculative_tokens)
         self.config: TreespecConfig = from_additional_config(
             vllm_config.additional_config, self.num_speculative_tokens)
+        if self.config.tree.builder != "chain":
+            # before the runner builds the model: its layers read the backend from this config
+            from vllm_treespec.engine.backend_choice import select_tree_backend
+
+            select_tree_backend(vllm_config)
         self.node_budget = self.config.node_budget(self.num_speculative_tokens)
         # load-dependent budgets (budget.mode): chosen per step from the decoding batch size
         self.budget_policy = make_budget_policy(self.config.budget, self.num_speculative_tokens)

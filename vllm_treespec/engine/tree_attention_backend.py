@@ -7,8 +7,8 @@ chain of every tree) and then recomputes the other tree rows with the ancestor m
 and their masks, come from the step's `TreeStep` (engine/tree_step.py), published by the
 `_prepare_inputs` patch; outside a tree step the backend is the stock one.
 
-CUDA hosts: the same hook point takes the Triton/CUDA tree kernels (issue 5); there the tree
-rows are masked inside the kernel instead of recomputed.
+CUDA hosts: engine/tree_attention_triton.py does the same over vLLM's TRITON_ATTN backend with
+the Triton paged tree kernel.
 """
 from __future__ import annotations
 
@@ -21,29 +21,15 @@ from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
 from vllm_treespec.attention.tree_attention_cpu import apply_tree_attention, plan_tree_attention
+from vllm_treespec.engine.model_checks import unsupported_reason  # noqa: F401  (moved there)
 from vllm_treespec.engine.tree_step import current_step
 
 CLASS_PATH = "vllm_treespec.engine.tree_attention_backend.TreeCPUAttentionBackend"
 
 
-def unsupported_reason(impl: Any, kv_cache_dtype: str) -> str | None:
-    """Why a layer's attention cannot be tree-masked here (None = it can)."""
-    if not isinstance(impl, TreeCPUAttentionImpl):
-        return f"its attention backend is {type(impl).__name__}, not the treespec CPU tree backend"
-    if impl.attn_type != AttentionType.DECODER:
-        return f"attention type {impl.attn_type}"
-    if impl.sliding_window not in (-1, None):
-        return "sliding-window attention"
-    if impl.alibi_slopes is not None:
-        return "ALiBi"
-    if impl.sinks is not None:
-        return "attention sinks"
-    if kv_cache_dtype not in ("auto", None):
-        return f"kv_cache_dtype={kv_cache_dtype}"
-    return None
-
-
 class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
+    tree_masks = True       # engine/model_checks.unsupported_reason accepts this impl
+
     def forward(self, layer: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata: Any, output: torch.Tensor,
                 output_scale: torch.Tensor | None = None,

@@ -93,8 +93,13 @@ class AttentionPlan:
     prefix_lens: torch.Tensor   # int64 [Ra]  num_computed (KV before the root)
     tree_sizes: torch.Tensor    # int64 [Ra]  nodes of each tree (KV after the prefix)
     anc_mask: torch.Tensor      # int64 [Ta, W] local ancestor-or-self bitmask words
-    # per-step kernel state shared by all layers (the CPU path's mask plan), keyed by the
-    # layer geometry; filled by the attention backend on the step's first tree layer
+    # every node of those trees, root first (the Triton kernel recomputes whole trees: its
+    # query row i must be node i; engine/tree_attention_triton.py)
+    tree_rows: torch.Tensor     # int64 [Tn]  flat token rows, request by request
+    tree_anc_mask: torch.Tensor  # int64 [Tn, W] their ancestor-or-self bitmask words
+    # per-step kernel state shared by all layers (the CPU path's mask plan, the Triton path's
+    # device tensors), keyed by the layer geometry or device; filled by the attention backend
+    # on the step's first tree layer
     kernel_plans: dict = field(default_factory=dict)
     seconds: float = 0.0        # tree attention time of the step so far (all layers)
 
@@ -277,7 +282,8 @@ def _attention_plan(step: TreeStep) -> AttentionPlan | None:
         req_indices=torch.from_numpy(step.req_indices[branchy]),
         rows=step.node_rows[torch.from_numpy(wrong)],
         offsets=torch.from_numpy(row_offsets), prefix_lens=torch.from_numpy(step.num_computed[branchy]),
-        tree_sizes=torch.from_numpy(sub_sizes), anc_mask=torch.from_numpy(anc[keep]))
+        tree_sizes=torch.from_numpy(sub_sizes), anc_mask=torch.from_numpy(anc[keep]),
+        tree_rows=step.node_rows[torch.from_numpy(nodes)], tree_anc_mask=torch.from_numpy(anc))
 
 
 # The plan of the step being executed in this worker process (None outside verification).
