@@ -15,6 +15,12 @@ Why each exists:
   publish the step's tree plan for the attention backend (engine/tree_step.py). Steps whose
   nodes all lie on their tree's first chain keep vLLM's positions (they are equal) and skip the
   slot gather (compaction cannot move anything there).
+- `_determine_batch_execution_and_padding`: a step with branching trees (its plan has tree
+  rows to recompute) dispatches with CUDA graph mode FULL excluded: the attention backend
+  overwrites those rows in Python (engine/tree_attention_triton.py), which a FULL graph
+  captured for another batch would not contain. Such steps run PIECEWISE (attention eager
+  between the pieces) or eagerly; chain-shaped and plain decode steps keep their full graphs.
+  Runs after `_prepare_inputs`, which published the step's plan.
 - `_sample`: tree acceptance and KV compaction instead of the linear rejection sampler
   (engine/tree_verifier.py); the plan is withdrawn afterwards.
 - `sample_tokens`: the step's drafts ride on its output to the engine core instead of a separate
@@ -109,6 +115,39 @@ def _wrap_prepare_inputs(original: Callable[..., Any]) -> Callable[..., Any]:
     return _prepare_inputs
 
 
+class _NoFullGraphs:
+    """The runner's cudagraph dispatcher with FULL added to every dispatch's invalid modes."""
+
+    def __init__(self, dispatcher: Any) -> None:
+        self._dispatcher = dispatcher
+
+    def dispatch(self, *args: Any, invalid_modes: Any = None, **kwargs: Any) -> Any:
+        from vllm.config import CUDAGraphMode
+
+        invalid = {CUDAGraphMode.FULL} | set(invalid_modes or ())
+        return self._dispatcher.dispatch(*args, invalid_modes=invalid, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._dispatcher, name)
+
+
+def _wrap_determine_batch_execution(original: Callable[..., Any]) -> Callable[..., Any]:
+    def _determine_batch_execution_and_padding(self, *args, **kwargs):
+        from vllm_treespec.engine.tree_step import current_step
+
+        step = current_step()
+        if step is None or step.attn is None or _tree_proposer(self) is None:
+            return original(self, *args, **kwargs)
+        dispatcher = self.cudagraph_dispatcher
+        self.cudagraph_dispatcher = _NoFullGraphs(dispatcher)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            self.cudagraph_dispatcher = dispatcher
+
+    return _determine_batch_execution_and_padding
+
+
 def _wrap_setup_aux(original: Callable[..., Any]) -> Callable[..., Any]:
     def _setup_eagle3_aux_hidden_state_outputs(self):
         proposer = _tree_proposer(self)
@@ -197,6 +236,20 @@ REGISTRY.register(Patch(
         "tuple[torch.Tensor, vllm.v1.spec_decode.metadata.SpecDecodeMetadata | None, int]"),
     make=_wrap_prepare_inputs,
     why="tree rows get positions num_computed + depth; publish the step's tree plan",
+))
+REGISTRY.register(Patch(
+    target=f"{RUNNER}._determine_batch_execution_and_padding",
+    expected_signature=(
+        "(self, num_tokens: int, num_reqs: int, num_scheduled_tokens_np: numpy.ndarray, "
+        "max_num_scheduled_tokens: int, use_cascade_attn: bool = False, "
+        "allow_microbatching: bool = True, force_eager: bool = False, "
+        "force_uniform_decode: bool | None = None, force_has_lora: bool | None = None, "
+        "force_num_active_loras: int | None = None, num_encoder_reqs: int = 0) -> "
+        "tuple[vllm.config.compilation.CUDAGraphMode, vllm.forward_context.BatchDescriptor, "
+        "bool, torch.Tensor | None, vllm.compilation.cuda_graph.CUDAGraphStat | None]"),
+    make=_wrap_determine_batch_execution,
+    why="steps with branching trees never replay a FULL CUDA graph (tree rows are overwritten "
+        "outside it)",
 ))
 REGISTRY.register(Patch(
     target=f"{RUNNER}._setup_eagle3_aux_hidden_state_outputs",
