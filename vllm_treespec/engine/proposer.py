@@ -116,6 +116,7 @@ class TreeProposer:
         self.plain_step = False
         self._plain_query_start: np.ndarray | None = None     # its query_start_loc [num_reqs + 1]
         self._spec_overhead = 0.0     # the last speculative step's seconds outside the forward
+        self._device_kv: Any = None   # CUDA: the runner's KV caches as pointer tables (built once)
         self._last_propose_end: float | None = None    # when the last drafts were returned
         self.step_started_at: float | None = None   # set by the _prepare_inputs patch
         logger.info("TreeProposer: drafter=%s builder=%s budget=%d config=%s", self.drafter.name,
@@ -491,10 +492,11 @@ class TreeProposer:
         Tree acceptance draws a seeded request's coins from `self.generators` (its own stream,
         seeded like vLLM's), never from vLLM's generator, which vLLM's sampler advances in mixed
         steps: so a seeded request samples the same tokens whatever shares its steps."""
-        from vllm_treespec.engine.runner_state import (discarded_rows, kv_caches_and_layout,
-                                                       request_sampling)
+        from vllm_treespec.engine import device_verify
+        from vllm_treespec.engine.runner_state import (device_kv, discarded_rows,
+                                                       kv_caches_and_layout, request_sampling)
         from vllm_treespec.engine.tree_verifier import (GREEDY, acceptance_generators, compact,
-                                                        verify_step)
+                                                        compact_device, count_moves, verify_step)
 
         from vllm.v1.outputs import SamplerOutput
 
@@ -527,17 +529,29 @@ class TreeProposer:
         tokens, result = verify_step(step, logits, params, gens, include, base,
                                      coin_rows=self.num_speculative_tokens + 1)
         accepted_at = time.perf_counter()
-        # numpy from here: a few tiny arrays per step, where torch's per-op cost dominated
-        accepted_nodes = result.accepted_nodes.cpu().numpy()
+        tree_rows = None                        # rows of the step's trees in the result
         if include is not None or step.num_trees != step.num_reqs:
-            accepted_nodes = accepted_nodes[step.req_indices if include is None
-                                            else np.searchsorted(include, step.req_indices)]
-        accepted_len = (accepted_nodes >= 0).sum(axis=1).tolist()
-        self._last_verified = (step, accepted_nodes)
+            tree_rows = step.req_indices if include is None else np.searchsorted(include, step.req_indices)
         moved = 0
         compact_start = time.perf_counter()
+        on_device = device_verify.wanted(logits)   # CUDA: logits, caches and slots live there
         # chain-shaped steps cannot move K/V (TreeStep.chain_shaped): no cache scan at all
-        if not step.chain_shaped and any(accepted_len):
+        if on_device and not step.chain_shaped and step.num_trees:
+            # CUDA: compaction is queued on the device before anything is read back
+            nodes = result.accepted_nodes.to(logits.device)
+            if tree_rows is not None:
+                nodes = nodes[torch.from_numpy(tree_rows).to(nodes.device)]
+            self._device_kv = device_kv(runner, self._device_kv)
+            compact_device(step, nodes, self._device_kv)
+        # numpy from here: a few tiny arrays per step, where torch's per-op cost dominated
+        accepted_nodes = result.accepted_nodes.cpu().numpy()
+        if tree_rows is not None:
+            accepted_nodes = accepted_nodes[tree_rows]
+        accepted_len = (accepted_nodes >= 0).sum(axis=1).tolist()
+        self._last_verified = (step, accepted_nodes)
+        if on_device:
+            moved = count_moves(accepted_nodes) if not step.chain_shaped else 0
+        elif not step.chain_shaped and any(accepted_len):
             caches, layout = kv_caches_and_layout(runner)
             moved = compact(step, accepted_nodes, caches, layout)
         compacted = time.perf_counter() - compact_start

@@ -9,7 +9,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-__all__ = ["discarded_rows", "kv_caches_and_layout", "request_sampling", "step_slot_mapping"]
+__all__ = ["device_kv", "discarded_rows", "kv_caches_and_layout", "layer_kv_caches", "request_sampling",
+           "step_slot_mapping"]
 
 
 def discarded_rows(runner: Any, num_reqs: int) -> np.ndarray:
@@ -28,9 +29,40 @@ def request_sampling(runner: Any, req_ids: Sequence[str]) -> list[Any]:
 
 
 def step_slot_mapping(runner: Any, rows: torch.Tensor) -> torch.Tensor:
-    """KV slot of each given flat token row of this step (single KV cache group)."""
-    tables = runner.input_batch.block_table
-    return tables[0].slot_mapping.gpu[rows.to(tables[0].slot_mapping.gpu.device)].to("cpu", torch.int64)
+    """KV slot of each given flat token row of this step (single KV cache group): on CUDA it
+    stays on the device (compaction runs there: engine/device_verify.py), else on the host."""
+    from vllm_treespec.engine import device_verify
+
+    slots = runner.input_batch.block_table[0].slot_mapping.gpu
+    picked = slots[rows.to(slots.device)]
+    if device_verify.wanted(slots):
+        return picked.to(torch.int64)
+    return picked.to("cpu", torch.int64)
+
+
+def layer_kv_caches(runner: Any) -> list[torch.Tensor]:
+    """Every attention layer's bound KV cache view (each once), as the attention ops see it."""
+    caches: list[torch.Tensor] = []
+    seen: set[int] = set()
+    for ctx in runner.compilation_config.static_forward_context.values():
+        kv = getattr(ctx, "kv_cache", None)
+        if not isinstance(kv, torch.Tensor) or kv.numel() == 0 or kv.data_ptr() in seen:
+            continue
+        seen.add(kv.data_ptr())
+        caches.append(kv)
+    return caches
+
+
+def device_kv(runner: Any, cached: Any = None) -> Any:
+    """The runner's caches as device pointer tables (engine/device_verify.DeviceKV): `cached`
+    while the runner still holds the caches it was built from (`runner.kv_caches`, the list
+    vLLM binds once), else built anew from every layer's view."""
+    from vllm_treespec.engine.device_verify import DeviceKV, cache_token
+
+    token = cache_token(getattr(runner, "kv_caches", None) or [])
+    if cached is not None and cached.token == token:
+        return cached
+    return DeviceKV.from_caches(layer_kv_caches(runner), token)
 
 
 def kv_caches_and_layout(runner: Any) -> tuple[list[torch.Tensor], str]:

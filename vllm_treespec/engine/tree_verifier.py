@@ -12,7 +12,8 @@ token, padded with -1, so the scheduler's rollback and `parse_output` work uncha
 
 Then the accepted path's K/V are moved to the slots a chain would have used (verify/
 kv_compaction.py explains why moving is all that is needed), in every layer, before the next
-step runs. Requests whose path is the node prefix 1..a move nothing.
+step runs. Requests whose path is the node prefix 1..a move nothing. On CUDA the greedy walk
+and the compaction run on the device with the Triton kernels (engine/device_verify.py).
 
 Sampling: greedy requests (temperature < 1e-5) take the argmax; others use the
 ``target_only`` rule, which emits exact samples of the target distribution for trees whose
@@ -44,7 +45,8 @@ from vllm_treespec.engine.tree_step import local_index
 from vllm_treespec.verify import SAMPLING_EPS, SamplingParamsBatch, accept
 from vllm_treespec.verify.kv_compaction import accepted_local_moves, compact_kv
 
-__all__ = ["acceptance_generators", "verify_step", "accepted_moves", "compact"]
+__all__ = ["acceptance_generators", "verify_step", "accepted_moves", "compact", "compact_device",
+           "count_moves"]
 
 @dataclass(frozen=True)
 class _Greedy:
@@ -74,7 +76,12 @@ def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
 
 def greedy_walk(offsets: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
                 logits: torch.Tensor, width: int) -> Walk:
-    """Greedy tree acceptance: one argmax over all node rows, then the C++ walk."""
+    """Greedy tree acceptance: one argmax over all node rows, then the C++ walk on the host, or
+    on CUDA the Triton walk on the device (engine/device_verify.py; nothing read back)."""
+    from vllm_treespec.engine import device_verify
+
+    if device_verify.wanted(logits):
+        return Walk(*device_verify.device_greedy_walk(offsets, tokens, parents, logits, width))
     from vllm_treespec.native import native
 
     target = greedy_argmax(logits).to(torch.int64)
@@ -202,6 +209,23 @@ def accepted_moves(step: TreeStep, accepted_nodes: torch.Tensor | np.ndarray
                            "step has no slot mapping (its plan was chain-shaped)")
     start = step.trees.offsets[req]
     return step.slot_mapping[start + src], step.slot_mapping[start + dst]
+
+
+def count_moves(accepted_nodes: np.ndarray) -> int:
+    """Moves a compaction of these accepted paths makes (nodes off the node prefix 1..a)."""
+    depth = np.arange(1, accepted_nodes.shape[1] + 1)
+    return int(((accepted_nodes >= 0) & (accepted_nodes != depth)).sum())
+
+
+def compact_device(step: TreeStep, accepted_nodes: torch.Tensor, kv: Any) -> None:
+    """`compact` on the device: accepted_nodes int [R, W] of the step's trees, on the device;
+    kv: the runner's device_verify.DeviceKV. Queued, not waited for."""
+    from vllm_treespec.engine.device_verify import compact_on_device
+
+    if step.slot_mapping is None:
+        raise RuntimeError("KV compaction: the step has no slot mapping (its plan was "
+                           "chain-shaped), so no accepted path can leave its first chain")
+    compact_on_device(kv, step.slot_mapping, step.trees.offsets, accepted_nodes)
 
 
 def compact(step: TreeStep, accepted_nodes: torch.Tensor | np.ndarray, kv_caches: Sequence[torch.Tensor],
