@@ -234,6 +234,15 @@ def test_tree_deployment_selects_triton_when_nobody_chose():
     assert select_tree_backend(cfg, is_cuda=False) is None and cfg.attention_config.backend is None
 
 
+def test_tree_deployment_refuses_rswa_models():
+    from vllm_treespec.engine.backend_choice import select_tree_backend
+
+    cfg = _config()
+    cfg.model_config = types.SimpleNamespace(rswa_window=512)
+    with pytest.raises(RuntimeError, match="R-SWA"):
+        select_tree_backend(cfg, is_cuda=True)
+
+
 @pytest.mark.parametrize("attention", [dict(backend="FLASH_ATTN"),
                                        dict(backend_per_kind={"full_attention": "FLASHINFER"})])
 def test_tree_deployment_refuses_another_chosen_backend(attention):

@@ -36,6 +36,11 @@ def select_tree_backend(vllm_config: Any, is_cuda: bool | None = None) -> str | 
         return None
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
+    rswa = getattr(getattr(vllm_config, "model_config", None), "rswa_window", None)
+    if rswa is not None:
+        raise RuntimeError(
+            f"treespec: the model restricts attention to a sliding window (R-SWA, window {rswa}), "
+            "which the tree kernel does not apply; set tree.builder: chain in the treespec config")
     triton = AttentionBackendEnum.TRITON_ATTN
     config = vllm_config.attention_config
     chosen = config.backend

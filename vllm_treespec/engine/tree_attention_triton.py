@@ -123,6 +123,9 @@ class TreeTritonAttentionImpl(TritonAttentionImpl):
                 f"tree attention: the step plan covers {step.num_scheduled_tokens} tokens but "
                 f"the attention batch has {attn_metadata.num_actual_tokens}; refusing to mask "
                 "the wrong rows")
+        if getattr(attn_metadata, "rswa_window", None) is not None:
+            raise RuntimeError("tree attention: R-SWA windows are not applied by the tree kernel "
+                               "(engine/backend_choice.py refuses such models at startup)")
         if output_scale is not None:
             raise RuntimeError(
                 "tree attention: this layer's output is quantized inside the attention op "
