@@ -42,7 +42,7 @@ import torch
 
 from vllm_treespec.engine.tree_step import TreeStep
 from vllm_treespec.engine.tree_step import local_index
-from vllm_treespec.verify import SAMPLING_EPS, SamplingParamsBatch, accept
+from vllm_treespec.verify import SAMPLING_EPS, SamplingParamsBatch, accept_rrs, accept_target_only
 from vllm_treespec.verify.kv_compaction import accepted_local_moves, compact_kv
 
 __all__ = ["acceptance_generators", "verify_step", "accepted_moves", "compact", "compact_device",
@@ -178,13 +178,14 @@ def verify_step(step: TreeStep, logits: torch.Tensor, params: Sequence[Any],
         result: Any = greedy_walk(offsets, tokens, parents, node_logits, width)
     else:
         # nodes with a drafter q row (sampled drafts): rrs; all others: the target-only rule
-        mode, drawn = "target_only", {}
+        tree = (offsets, tokens, parents, depth)
+        common = dict(sampling=SamplingParamsBatch.from_params(params),
+                      generators=list(generators), max_depth=width - 1, coin_rows=coin_rows)
         if q_rows is not None and bool((q_rows >= 0).any()):
-            mode, drawn = "rrs", dict(draft_probs=step.q_probs, draft_rows=torch.from_numpy(q_rows),
-                                      replacement=False)
-        result = accept((offsets, tokens, parents, depth), node_logits, mode=mode,
-                        sampling=SamplingParamsBatch.from_params(params), generators=list(generators),
-                        max_depth=width - 1, coin_rows=coin_rows, **drawn)
+            result = accept_rrs(tree, node_logits, step.q_probs, replacement=False,
+                                draft_rows=torch.from_numpy(q_rows), **common)
+        else:
+            result = accept_target_only(tree, node_logits, **common)
     if base is None:
         return result.emitted, result
     if base.shape != (step.num_reqs, width):

@@ -41,11 +41,12 @@ not on the mode its batch needs nor on its neighbours.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import torch
 
 from vllm_treespec.verify.coins import ACCEPT_COIN, DRAW_COIN, Generators, draw_coins
+from vllm_treespec.verify.rrs_inputs import check_draft_probs, check_node_draws, check_num_draws
 from vllm_treespec.verify.rules import find_child, recursive_rejection, sample_categorical
 from vllm_treespec.verify.sampling_params import (
     SamplingParamsBatch,
@@ -56,7 +57,6 @@ from vllm_treespec.verify.tree_input import TreeLayout, build_layout, unpack_tre
 
 Mode = Literal["greedy", "target_only", "rrs"]
 MODES: tuple[str, ...] = ("greedy", "target_only", "rrs")
-PROB_SUM_TOL = 1e-3  # tolerance on draft rows summing to 1 (float32 softmax over ~1e5 entries)
 
 
 @dataclass(frozen=True)
@@ -80,139 +80,6 @@ class AcceptResult:
     def num_accepted(self) -> torch.Tensor:
         """Accepted draft tokens per request (emitted minus the bonus/correction token)."""
         return self.num_emitted - 1
-
-
-def _first(mask: torch.Tensor) -> int:
-    return int(mask.nonzero()[0, 0])
-
-
-def _check_draft_rows(draft_rows: Any, num_q: int, layout: TreeLayout,
-                      device: torch.device) -> torch.Tensor:
-    """int64 [T]: each tree row's q row (compact form) or -1; identity for the full form."""
-    if draft_rows is None:
-        return torch.arange(layout.num_rows, device=device)
-    idx = torch.as_tensor(draft_rows, device=device)
-    if idx.shape != (layout.num_rows,) or idx.dtype.is_floating_point:
-        raise ValueError(f"draft_rows must be an integer tensor of shape [{layout.num_rows}] (one "
-                         f"entry per tree row), got {tuple(idx.shape)} {idx.dtype}")
-    idx = idx.to(torch.int64)
-    if idx.numel() and (int(idx.min()) < -1 or int(idx.max()) >= num_q):
-        raise ValueError(f"draft_rows entries must be -1 or a row of draft_probs (0..{num_q - 1})")
-    return idx
-
-
-def _check_draft_probs(
-    draft_probs: Any, draft_rows: Any, layout: TreeLayout, vocab: int, device: torch.device,
-    full: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q rows, q row index per tree row or -1)."""
-    if draft_probs is None:
-        raise ValueError(
-            "mode='rrs' needs draft_probs [T, V]: row u = the drafter distribution u's children "
-            "were sampled from (use mode='target_only' for deterministic candidate sets)"
-        )
-    q = torch.as_tensor(draft_probs, device=device)
-    if draft_rows is None and q.shape != (layout.num_rows, vocab):
-        raise ValueError(
-            f"draft_probs must have shape [T, V] = [{layout.num_rows}, {vocab}] like logits, "
-            f"got {tuple(q.shape)}"
-        )
-    if draft_rows is not None and (q.dim() != 2 or q.shape[1] != vocab):
-        raise ValueError(f"draft_probs must have shape [M, V] with V = {vocab} like logits, "
-                         f"got {tuple(q.shape)}")
-    if not q.dtype.is_floating_point:
-        raise TypeError(f"draft_probs must be floating point, got {q.dtype}")
-    index = _check_draft_rows(draft_rows, q.shape[0], layout, device)
-    if full:
-        _check_rows_are_distributions(q, index, layout)
-    draft = layout.parents >= 0
-    parent_q = index[layout.global_parents[draft]]
-    has_q = parent_q >= 0
-    q_drafted = q[parent_q[has_q], layout.tokens[draft][has_q]]
-    if bool((q_drafted <= 0).any()):
-        row = int(draft.nonzero()[has_q.nonzero()[_first(q_drafted <= 0), 0], 0])
-        raise ValueError(
-            f"draft token at flat row {row} has zero probability under its parent's draft_probs "
-            "row, so it cannot have been sampled from it"
-        )
-    return q, index
-
-
-def _check_rows_are_distributions(q: torch.Tensor, index: torch.Tensor, layout: TreeLayout) -> None:
-    # Row sums and minima in one pass each, without copying [T, V]: a finite sum rules out
-    # inf/nan entries, a non-negative minimum rules out negative ones. Only rows of nodes with
-    # children matter (in the compact form: the rows such nodes point at).
-    has_kids = torch.zeros(q.shape[0], dtype=torch.bool, device=q.device)
-    used = (layout.num_children > 0) & (index >= 0)
-    has_kids[index[used]] = True
-    sums = q.sum(dim=1, dtype=torch.float32)
-    bad = has_kids & ~torch.isfinite(sums)
-    if not bool(bad.any()):
-        bad = has_kids & (q.amin(dim=1) < 0)
-    if bool(bad.any()):
-        raise ValueError(
-            f"draft_probs row {_first(bad)} (of a node with children) has negative, inf or nan "
-            "entries"
-        )
-    bad = has_kids & ((sums - 1).abs() > PROB_SUM_TOL)
-    if bool(bad.any()):
-        row = _first(bad)
-        raise ValueError(
-            f"draft_probs row {row} (of a node with children) sums to {float(sums[row]):.6f}, "
-            "not 1: pass probabilities (softmax of the drafter logits), not logits"
-        )
-
-
-def _check_num_draws(
-    num_draws: Any, replacement: bool, layout: TreeLayout, device: torch.device
-) -> torch.Tensor | None:
-    if num_draws is None:
-        return None
-    n = torch.as_tensor(num_draws, device=device)
-    if n.shape != (layout.num_rows,) or n.dtype.is_floating_point:
-        raise ValueError(f"num_draws must be an integer tensor of shape [{layout.num_rows}]")
-    n = n.to(torch.int64)
-    draft = layout.parents >= 0
-    if bool((n[draft] < 1).any()):
-        raise ValueError("num_draws must be >= 1 for every draft node")
-    if not replacement and bool((n[draft] != 1).any()):
-        raise ValueError(
-            "num_draws > 1 only makes sense with replacement=True (draws without replacement "
-            "are distinct)"
-        )
-    return n
-
-
-def _check_node_draws(node_draws: Any, draws: torch.Tensor | None, q_index: torch.Tensor,
-                      layout: TreeLayout, device: torch.device) -> None:
-    """replacement=True: every node with children and a q row must verify all the draws it made.
-
-    Its children's ``num_draws`` (1 each by default) must add up to ``node_draws[u]``. A tree
-    cut to a node prefix after merging repeats fails this (the cut drops the draws from the
-    first cut sibling on), and verifying what is left would be biased (module docstring)."""
-    if node_draws is None:
-        raise ValueError(
-            "mode='rrs' with replacement=True needs node_draws [T]: how many i.i.d. draws from "
-            "its q row each node made (its children's num_draws must add up to it)"
-        )
-    made = torch.as_tensor(node_draws, device=device)
-    if made.shape != (layout.num_rows,) or made.dtype.is_floating_point:
-        raise ValueError(f"node_draws must be an integer tensor of shape [{layout.num_rows}]")
-    draft = layout.parents >= 0
-    per_child = draws[draft] if draws is not None else torch.ones_like(layout.parents[draft])
-    covered = torch.zeros(layout.num_rows, dtype=torch.int64, device=device)
-    covered.index_add_(0, layout.global_parents[draft], per_child)
-    checked = (layout.num_children > 0) & (q_index >= 0)
-    bad = checked & (covered != made.to(torch.int64))
-    if bool(bad.any()):
-        row = _first(bad)
-        raise ValueError(
-            f"node at flat row {row} made {int(made[row])} i.i.d. draws but its children stand "
-            f"for {int(covered[row])} (sum of their num_draws). A tree of merged i.i.d. draws cut "
-            "to a node prefix cannot be verified losslessly: which draws survive the cut depends "
-            "on their values. Verify the whole tree, or draw without replacement "
-            "(replacement=False), whose prefix cuts are lossless"
-        )
 
 
 def _request_params(mode: Mode, sampling: SamplingParamsBatch | None, num_requests: int,
@@ -296,53 +163,191 @@ def _accept_roots(offsets: torch.Tensor, logits: torch.Tensor, mode: Mode,
                         nodes, nodes.clone())
 
 
-def accept(
-    tree: Any,
-    logits: torch.Tensor,
-    mode: Mode = "greedy",
-    sampling: SamplingParamsBatch | None = None,
-    generators: Generators = None,
-    draft_probs: torch.Tensor | None = None,
-    draft_rows: torch.Tensor | None = None,
-    replacement: bool | None = None,
-    num_draws: torch.Tensor | None = None,
-    node_draws: torch.Tensor | None = None,
-    max_depth: int | None = None,
-    validate: bool = True,
-    coin_rows: int | None = None,
-) -> AcceptResult:
-    """Verify a batch of draft trees against the target's logits at every node row.
+def _unpack(tree: Any, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The tree's flat fields on the logits' device, after checking the logits."""
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        raise ValueError("logits must be a 2-D tensor [T, V]")
+    if not logits.dtype.is_floating_point:
+        raise TypeError(f"logits must be floating point, got {logits.dtype}")
+    return unpack_tree(tree, logits.device)
 
-    Args:
-        tree: flat tree batch (object/mapping with ``offsets``, ``tokens``, ``parents``,
-            optional ``depth``; or a tuple of them), see tree_input.py.
-        logits: float [T, V], row u = target logits for the token following node u.
-        mode: "greedy", "target_only" or "rrs" (see the module docstring).
-        sampling: per-request temperature/top-k/top-p/min-p; None = temperature 1, no filters
-            (ignored in greedy mode).
-        generators: None, one torch.Generator for all requests, or a list of B (None entries
-            use torch's default generator).
-        draft_probs: float [T, V] drafter distributions, required by "rrs"; with
-            ``draft_rows``, only the rows that exist: [M, V].
-        draft_rows: "rrs" only, optional: int64 [T], row of ``draft_probs`` holding the q that
-            node u's children were drawn from, -1 for nodes whose children were not drawn from
-            a q (those nodes use the target-only rule; see the module docstring).
-        replacement: "rrs" only and required there: were each node's children drawn i.i.d.
-            (True) or without replacement (False)?
-        num_draws: "rrs" with replacement only: int64 [T], how many consecutive i.i.d. draws a
-            (merged) node stands for, i.e. the draw index of the next sibling's first draw (or
-            of the end of its parent's draws) minus this node's first draw index; default 1
-            each.
-        node_draws: "rrs" only and required with replacement=True: int64 [T], how many i.i.d.
-            draws from its q row each node made. For every node with children and a q row,
-            its children's num_draws must add up to it; a tree cut to a node prefix after
-            merging does not, and is rejected (ValueError; see the module docstring).
-        max_depth: pad outputs to max_depth + 1 columns (must be >= the deepest node).
-        validate: check that draft_probs rows with children are distributions (one O(T*V)
-            pass); tree structure and drafted-token checks are O(T) and always run.
-        coin_rows: requests with their own generator draw this many coin rows per call
-            (>= their node count), so a seeded request's random stream does not depend on how
-            far the scheduler cut its tree (see coins.py).
+
+def _layout_for(fields: tuple[torch.Tensor, ...], logits: torch.Tensor,
+                max_depth: int | None) -> tuple[TreeLayout, int]:
+    """(layout, output width) with the logits rows and max_depth checked against the trees."""
+    layout = build_layout(fields, logits.shape[1], logits.device)
+    if logits.shape[0] != layout.num_rows:
+        raise ValueError(
+            f"logits has {logits.shape[0]} rows but the tree batch has {layout.num_rows} nodes; "
+            "pass the target logits at every node row"
+        )
+    width = layout.max_depth + 1
+    if max_depth is not None:
+        if max_depth < layout.max_depth:
+            raise ValueError(
+                f"max_depth={max_depth} is smaller than the deepest node ({layout.max_depth})"
+            )
+        width = max_depth + 1
+    return layout, width
+
+
+LOOKUP = -2   # a sampled pick whose child the walk finds by token match
+# A rule's pick at the sampled rows of one level: (rows [n], target probs float64 [n, V]) ->
+# (tokens [n], child rows [n]: a flat row, -1 to stop there, LOOKUP to match the token)
+SampledPick = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def _walk(layout: TreeLayout, logits: torch.Tensor, width: int, is_greedy: torch.Tensor,
+          params: SamplingParamsBatch | None, pick_sampled: SampledPick | None) -> AcceptResult:
+    """The one downward walk every rule shares: level by level, each active request picks a
+    token at its current node (argmax for greedy requests, the rule's `pick_sampled` for the
+    others, on target rows processed only where visited), emits it and descends into the child
+    it names or the child holding that token; a request without such a child stops."""
+    device = logits.device
+    num_requests = layout.num_requests
+    emitted = torch.full((num_requests, width), -1, dtype=torch.int64, device=device)
+    nodes = torch.full((num_requests, width), -1, dtype=torch.int64, device=device)
+    num_emitted = torch.zeros(num_requests, dtype=torch.int64, device=device)
+    cur = layout.offsets[:-1].clone()
+    active = torch.arange(num_requests, device=device)
+    for level in range(width):
+        if active.numel() == 0:
+            break
+        rows = cur[active]
+        picked = torch.empty_like(rows)
+        chosen = torch.full_like(rows, LOOKUP)
+        greedy_here = is_greedy[active]
+        g = greedy_here.nonzero().squeeze(1)
+        if g.numel():
+            picked[g] = greedy_tokens(logits[rows[g]])
+        s = (~greedy_here).nonzero().squeeze(1)
+        if s.numel():
+            assert params is not None and pick_sampled is not None
+            srows = rows[s]
+            probs = torch.softmax(
+                process_logits(logits[srows], params.rows(layout.request_of_row[srows]),
+                               inplace=True),
+                dim=-1, dtype=torch.float32).to(torch.float64)
+            picked[s], chosen[s] = pick_sampled(srows, probs)
+        lookup = chosen == LOOKUP
+        if bool(lookup.any()):
+            li = lookup.nonzero().squeeze(1)
+            chosen[li] = find_child(layout.children, layout.tokens, rows[li], picked[li])
+        emitted[active, level] = picked
+        num_emitted[active] += 1
+        go = chosen >= 0
+        movers, nxt = active[go], chosen[go]
+        nodes[movers, level] = nxt - layout.offsets[movers]
+        cur[movers] = nxt
+        active = movers
+    base = layout.offsets[:-1].unsqueeze(1)
+    accepted_rows = torch.where(nodes >= 0, nodes + base, -1)
+    return AcceptResult(emitted, num_emitted, nodes, accepted_rows)
+
+
+def accept_greedy(tree: Any, logits: torch.Tensor, max_depth: int | None = None) -> AcceptResult:
+    """Greedy rule: at every node the argmax of its row, for every request whatever its
+    temperature (the torch reference of csrc/verify/greedy_walk.cpp and kernels/tree_accept.py).
+
+    tree: flat tree batch (tree_input.py); logits: float [T, V] at every node row; max_depth:
+    pad outputs to max_depth + 1 columns (>= the deepest node)."""
+    fields = _unpack(tree, logits)
+    roots = _root_only_offsets(fields, logits.device)
+    if roots is not None:
+        return _accept_roots(roots, logits, "greedy", None, None, max_depth, None)
+    layout, width = _layout_for(fields, logits, max_depth)
+    _, is_greedy = _request_params("greedy", None, layout.num_requests, logits.device)
+    return _walk(layout, logits, width, is_greedy, None, None)
+
+
+def accept_target_only(tree: Any, logits: torch.Tensor,
+                       sampling: SamplingParamsBatch | None = None,
+                       generators: Generators = None, max_depth: int | None = None,
+                       coin_rows: int | None = None) -> AcceptResult:
+    """Target-only rule (module docstring): x ~ p_u at each node, for candidate sets fixed before
+    this step's coins; requests with temperature < 1e-5 take the argmax.
+
+    sampling: per-request temperature/top-k/top-p/min-p (None = temperature 1, no filters);
+    generators: None, one torch.Generator, or one per request; coin_rows: coin rows per seeded
+    request per call (coins.py)."""
+    fields = _unpack(tree, logits)
+    roots = _root_only_offsets(fields, logits.device)
+    if roots is not None:
+        return _accept_roots(roots, logits, "target_only", sampling, generators, max_depth,
+                             coin_rows)
+    layout, width = _layout_for(fields, logits, max_depth)
+    params, is_greedy = _request_params("target_only", sampling, layout.num_requests,
+                                        logits.device)
+    coins = _coins(layout.offsets, layout.request_of_row, generators, is_greedy, coin_rows)
+
+    def pick(srows: torch.Tensor, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        assert coins is not None
+        picked = sample_categorical(probs, coins[srows, DRAW_COIN])
+        return picked, torch.full_like(picked, LOOKUP)
+
+    return _walk(layout, logits, width, is_greedy, params, pick)
+
+
+def accept_rrs(tree: Any, logits: torch.Tensor, draft_probs: torch.Tensor, replacement: bool,
+               sampling: SamplingParamsBatch | None = None, generators: Generators = None,
+               draft_rows: torch.Tensor | None = None, num_draws: torch.Tensor | None = None,
+               node_draws: torch.Tensor | None = None, max_depth: int | None = None,
+               validate: bool = True, coin_rows: int | None = None) -> AcceptResult:
+    """Recursive rejection sampling (module docstring) for children drawn from the drafter's q:
+    nodes with a q row accept a child with the SpecInfer/Sequoia ratio and otherwise draw the
+    correction from the residual; nodes without one use the target-only rule; requests with
+    temperature < 1e-5 take the argmax.
+
+    draft_probs: float [T, V] (or [M, V] with ``draft_rows`` int64 [T], -1 = no q row);
+    replacement: children drawn i.i.d. (True; then ``node_draws`` [T] is required and
+    ``num_draws`` [T] says how many draws a merged node stands for) or without replacement;
+    validate: check that q rows with children are distributions (one O(T*V) pass)."""
+    if replacement is None:
+        raise ValueError(
+            "mode='rrs' needs replacement=True (children drawn i.i.d. from q) or False "
+            "(drawn without replacement); the rule that is lossless depends on it"
+        )
+    fields = _unpack(tree, logits)
+    device = logits.device
+    layout, width = _layout_for(fields, logits, max_depth)
+    params, is_greedy = _request_params("rrs", sampling, layout.num_requests, device)
+    q_all, q_index = check_draft_probs(draft_probs, draft_rows, layout, logits.shape[1], device,
+                                       full=validate)
+    draws = check_num_draws(num_draws, replacement, layout, device)
+    if replacement:
+        check_node_draws(node_draws, draws, q_index, layout, device)
+    elif node_draws is not None:
+        raise ValueError("node_draws is only used by mode='rrs' with replacement=True")
+    coins = _coins(layout.offsets, layout.request_of_row, generators, is_greedy, coin_rows)
+
+    def pick(srows: torch.Tensor, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        assert coins is not None
+        picked = torch.empty_like(srows)
+        chosen = torch.full_like(srows, LOOKUP)
+        has_q = q_index[srows] >= 0
+        t = (~has_q).nonzero().squeeze(1)
+        if t.numel():           # no q row: the target-only rule
+            picked[t] = sample_categorical(probs[t], coins[srows[t], DRAW_COIN])
+        r = has_q.nonzero().squeeze(1)
+        if r.numel():
+            rrows = srows[r]
+            rp = probs[r] if t.numel() else probs
+            rp /= rp.sum(dim=1, keepdim=True)  # ratios need an exact distribution
+            child, residual = recursive_rejection(
+                rp, q_all[q_index[rrows]].to(torch.float64), layout.children[rrows],
+                layout.tokens, coins[:, ACCEPT_COIN], replacement, draws)
+            correction = sample_categorical(residual, coins[rrows, DRAW_COIN])
+            picked[r] = torch.where(child >= 0, layout.tokens[child.clamp(min=0)], correction)
+            chosen[r] = child     # a correction ends the walk even if it equals a child
+        return picked, chosen
+
+    return _walk(layout, logits, width, is_greedy, params, pick)
+
+
+def accept(tree: Any, logits: torch.Tensor, mode: Mode = "greedy", **options: Any) -> AcceptResult:
+    """One of the three rules by name ("greedy", "target_only", "rrs"; module docstring), with
+    that rule's keyword options (`accept_greedy`, `accept_target_only`, `accept_rrs`); an option
+    another rule owns is an error naming the rule it belongs to.
 
     Example::
 
@@ -354,122 +359,22 @@ def accept(
     """
     if mode not in MODES:
         raise ValueError(f"unknown acceptance mode {mode!r}; expected one of {MODES}")
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
-        raise ValueError("logits must be a 2-D tensor [T, V]")
-    if not logits.dtype.is_floating_point:
-        raise TypeError(f"logits must be floating point, got {logits.dtype}")
-    device = logits.device
-    vocab = logits.shape[1]
-    fields = unpack_tree(tree, device)       # once: build_layout takes the unpacked tuple as is
+    rrs_only = {"draft_probs", "draft_rows", "replacement", "num_draws", "node_draws", "validate"}
     if mode != "rrs":
-        roots = _root_only_offsets(fields, device)
-        if roots is not None:
-            return _accept_roots(roots, logits, mode, sampling, generators, max_depth, coin_rows)
-    layout = build_layout(fields, vocab, device)
-    if logits.shape[0] != layout.num_rows:
-        raise ValueError(
-            f"logits has {logits.shape[0]} rows but the tree batch has {layout.num_rows} nodes; "
-            "pass the target logits at every node row"
-        )
-    num_requests = layout.num_requests
-    width = layout.max_depth + 1
-    if max_depth is not None:
-        if max_depth < layout.max_depth:
-            raise ValueError(
-                f"max_depth={max_depth} is smaller than the deepest node ({layout.max_depth})"
-            )
-        width = max_depth + 1
-
-    params, is_greedy = _request_params(mode, sampling, num_requests, device)
-    q_all: torch.Tensor | None = None
-    q_index: torch.Tensor | None = None
-    draws: torch.Tensor | None = None
-    if mode == "rrs":
-        if replacement is None:
-            raise ValueError(
-                "mode='rrs' needs replacement=True (children drawn i.i.d. from q) or False "
-                "(drawn without replacement); the rule that is lossless depends on it"
-            )
-        q_all, q_index = _check_draft_probs(draft_probs, draft_rows, layout, vocab, device,
-                                            full=validate)
-        draws = _check_num_draws(num_draws, replacement, layout, device)
-        if replacement:
-            _check_node_draws(node_draws, draws, q_index, layout, device)
-        elif node_draws is not None:
-            raise ValueError("node_draws is only used by mode='rrs' with replacement=True")
-    elif num_draws is not None or node_draws is not None:
-        raise ValueError("num_draws and node_draws are only used by mode='rrs' with "
-                         "replacement=True")
-    elif draft_rows is not None:
-        raise ValueError("draft_rows is only used by mode='rrs'")
-
-    coins = _coins(layout.offsets, layout.request_of_row, generators, is_greedy, coin_rows)
-
-    emitted = torch.full((num_requests, width), -1, dtype=torch.int64, device=device)
-    nodes = torch.full((num_requests, width), -1, dtype=torch.int64, device=device)
-    num_emitted = torch.zeros(num_requests, dtype=torch.int64, device=device)
-    cur = layout.offsets[:-1].clone()
-    active = torch.arange(num_requests, device=device)
-    for level in range(width):
-        if active.numel() == 0:
-            break
-        rows = cur[active]
-        picked = torch.empty_like(rows)
-        chosen = torch.full_like(rows, -1)
-        lookup = torch.ones_like(rows, dtype=torch.bool)  # rows that descend via token match
-        greedy_here = is_greedy[active]
-        g = greedy_here.nonzero().squeeze(1)
-        if g.numel():
-            picked[g] = greedy_tokens(logits[rows[g]])
-        s = (~greedy_here).nonzero().squeeze(1)
-        if s.numel():
-            assert params is not None and coins is not None
-            srows = rows[s]
-            probs = torch.softmax(
-                process_logits(
-                    logits[srows], params.rows(layout.request_of_row[srows]), inplace=True
-                ),
-                dim=-1,
-                dtype=torch.float32,
-            ).to(torch.float64)
-            if mode == "target_only":
-                picked[s] = sample_categorical(probs, coins[srows, DRAW_COIN])
-            else:
-                assert q_all is not None and replacement is not None
-                has_q = q_index[srows] >= 0
-                t = (~has_q).nonzero().squeeze(1)
-                if t.numel():           # no q row: target-only rule, as in target_only mode
-                    picked[s[t]] = sample_categorical(probs[t], coins[srows[t], DRAW_COIN])
-                r = has_q.nonzero().squeeze(1)
-                if r.numel():
-                    rs, rrows = s[r], srows[r]
-                    rp = probs[r] if t.numel() else probs
-                    rp /= rp.sum(dim=1, keepdim=True)  # ratios need an exact distribution
-                    child, residual = recursive_rejection(
-                        rp,
-                        q_all[q_index[rrows]].to(torch.float64),
-                        layout.children[rrows],
-                        layout.tokens,
-                        coins[:, ACCEPT_COIN],
-                        replacement,
-                        draws,
-                    )
-                    correction = sample_categorical(residual, coins[rrows, DRAW_COIN])
-                    picked[rs] = torch.where(child >= 0, layout.tokens[child.clamp(min=0)],
-                                             correction)
-                    chosen[rs] = child
-                    lookup[rs] = False  # a correction ends the walk even if it equals a child
-        if bool(lookup.any()):
-            li = lookup.nonzero().squeeze(1)
-            chosen[li] = find_child(layout.children, layout.tokens, rows[li], picked[li])
-        emitted[active, level] = picked
-        num_emitted[active] += 1
-        go = chosen >= 0
-        movers, nxt = active[go], chosen[go]
-        nodes[movers, level] = nxt - layout.offsets[movers]
-        cur[movers] = nxt
-        active = movers
-
-    base = layout.offsets[:-1].unsqueeze(1)
-    accepted_rows = torch.where(nodes >= 0, nodes + base, -1)
-    return AcceptResult(emitted, num_emitted, nodes, accepted_rows)
+        misplaced = sorted(k for k, v in options.items()
+                           if k in rrs_only - {"validate"} and v is not None)
+        if misplaced:
+            verb = "is" if len(misplaced) == 1 else "are"
+            raise ValueError(f"{' and '.join(misplaced)} {verb} only used by mode='rrs'"
+                             + (" with replacement=True" if set(misplaced) <= {"num_draws", "node_draws"}
+                                else ""))
+        options = {k: v for k, v in options.items() if k not in rrs_only}
+    if mode == "greedy":
+        options = {k: v for k, v in options.items()
+                   if k not in ("sampling", "generators", "coin_rows")}
+        return accept_greedy(tree, logits, **options)
+    if mode == "target_only":
+        return accept_target_only(tree, logits, **options)
+    options.setdefault("draft_probs", None)
+    options.setdefault("replacement", None)
+    return accept_rrs(tree, logits, **options)
