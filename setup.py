@@ -2,8 +2,8 @@
 
 `_C` (pybind11) is always built from csrc/ (everything but csrc/cuda/). The CUDA extension
 `_C_cuda` is built only when TREESPEC_BUILD_CUDA=1, because it needs nvcc and a CUDA torch at
-build time (install with --no-build-isolation then). Triton kernels live in kernels/ at the top
-level and are installed as the subpackage `vllm_treespec.kernels`.
+build time (install with --no-build-isolation then). The Triton kernels are the subpackage
+`vllm_treespec.kernels`.
 """
 import glob
 import os
@@ -83,8 +83,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["vllm_treespec", "vllm_treespec.*"]) + ["vllm_treespec.kernels"],
-    package_dir={"vllm_treespec.kernels": "kernels"},
+    packages=find_packages(include=["vllm_treespec", "vllm_treespec.*"]),
     package_data={"vllm_treespec": ["py.typed", "configs/*/*.yaml"]},
     ext_modules=extensions(),
     cmdclass={"build_ext": build_ext_class()},

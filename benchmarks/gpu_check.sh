@@ -64,8 +64,6 @@ step() {
     "$PY" -c "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__, torch.cuda.get_device_name(0))"
 } >> "$log" 2>&1
 
-# The installed package maps vllm_treespec.kernels to kernels/; in place, a link does.
-[ -e vllm_treespec/kernels ] || ln -s ../kernels vllm_treespec/kernels
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 
 # _C first on its own: the lookup-trie drafter of the GPU loop needs it even if nvcc fails.

@@ -65,7 +65,7 @@ CODE_PROMPTS = [
 
 # ---------------------------------------------------------------------------- setup
 def prepare_triton(device: str) -> None:
-    """Triton reads TRITON_INTERPRET when it is first imported (kernels/testing.py), so the CPU
+    """Triton reads TRITON_INTERPRET when it is first imported (vllm_treespec/kernels/testing.py), so the CPU
     interpreter must be chosen before any kernel module loads."""
     if device == "cpu":
         if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":

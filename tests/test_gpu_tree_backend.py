@@ -4,7 +4,7 @@ Triton tree kernels in Triton's interpreter (TRITON_INTERPRET=1, set by conftest
 vLLM's CPU build disables Triton ("Triton is installed, but doesn't include CPU backend"), so
 the `unified_attention` its TRITON_ATTN forward calls is a placeholder here: the forward tests
 monkeypatch that one call with a torch reference of causal paged attention (float64, from
-kernels/reference.py) and check what this plugin adds: the tree rows recomputed by
+vllm_treespec/kernels/reference.py) and check what this plugin adds: the tree rows recomputed by
 `paged_tree_attention` and written over it, everything else left as vLLM's kernel wrote it.
 Outputs are compared with a float64 reference of the whole mixed batch. What only a GPU can
 check (compiled kernels, CUDA graphs, the real `unified_attention`) is not covered here.

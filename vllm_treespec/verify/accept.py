@@ -247,7 +247,7 @@ def _walk(layout: TreeLayout, logits: torch.Tensor, width: int, is_greedy: torch
 
 def accept_greedy(tree: Any, logits: torch.Tensor, max_depth: int | None = None) -> AcceptResult:
     """Greedy rule: at every node the argmax of its row, for every request whatever its
-    temperature (the torch reference of csrc/verify/greedy_walk.cpp and kernels/tree_accept.py).
+    temperature (the torch reference of csrc/verify/greedy_walk.cpp and vllm_treespec/kernels/tree_accept.py).
 
     tree: flat tree batch (tree_input.py); logits: float [T, V] at every node row; max_depth:
     pad outputs to max_depth + 1 columns (>= the deepest node)."""

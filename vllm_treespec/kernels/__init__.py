@@ -12,5 +12,5 @@ imports no kernel module (nor Triton) by itself:
 - ``cuda_ops``: wrappers of the opt-in CUDA extension (csrc/cuda/), same contracts;
 - ``compile_check``: compiles every Triton variant for an sm target without a GPU.
 
-Design notes and (unmeasured) H100 predictions: kernels/NOTES.md.
+Design notes, H100 measurements and the predictions they replaced: NOTES.md beside this file.
 """

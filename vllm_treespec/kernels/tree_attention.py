@@ -203,8 +203,9 @@ def default_config(head_dim: int, dtype: torch.dtype) -> tuple[int, int, int, in
 
     Head dim 128 in 16-bit: 64x64 tiles with 4 warps, 3 stages, the fastest variant of the tile
     sweep on an H100 with triton 3.6 (0.17 ms against 0.30 ms for 8 warps at 8 requests x 4096
-    keys x 64 nodes; benchmarks/results/bench_kernels_H100_tune.json, kernels/NOTES.md). Triton
-    3.9's sm_90 compile reports register spills for that variant (kernels/compile_check.py), and
+    keys x 64 nodes; the "tuning" rows of benchmarks/results/bench_kernels_H100_8warps.json and
+    bench_kernels_H100.json, NOTES.md). Triton 3.9's sm_90 compile reports register spills for
+    that variant (compile_check.py), and
     it has not run on a GPU, so with triton >= 3.9 the spill-free 8 warps stay the default.
     Other head dims and fp32 are compile-checked starting points, not tuned on hardware.
     """
