@@ -203,7 +203,8 @@ def test_greedy_walk_equals_accept_greedy_on_random_trees():
 
 
 def test_ancestor_words_equal_tree_masks():
-    from vllm_treespec.engine.tree_step import FlatTrees, ancestor_words
+    from vllm_treespec.engine.tree_step import FlatTrees
+    from vllm_treespec.tree.ancestors import ancestor_words
     from vllm_treespec.tree import TreeBatch
 
     rng = np.random.default_rng(1)
@@ -212,7 +213,8 @@ def test_ancestor_words_equal_tree_masks():
         parents = [-1] + [int(rng.integers(i)) for i in range(1, n)]
         trees.append(DraftTree(np.arange(n), parents))
     flat = FlatTrees.concat(trees)
-    got = ancestor_words(flat.offsets.numpy(), flat.parents.numpy(), flat.depth.numpy())
+    got = ancestor_words(flat.offsets.numpy(), flat.parents.numpy(),
+                         flat.depth.numpy()).view(np.int64)
     assert np.array_equal(got, TreeBatch.from_trees(trees).anc_mask.numpy())
 
 
@@ -249,22 +251,26 @@ def test_verify_uses_rrs_exactly_when_sampled_nodes_have_q(monkeypatch):
     from vllm_treespec.engine import tree_verifier
 
     calls = []
-    real = tree_verifier.accept
 
-    def spy(*args, **kwargs):
-        calls.append(kwargs)
-        return real(*args, **kwargs)
+    def spy(rule):
+        real = getattr(tree_verifier, rule)
 
-    monkeypatch.setattr(tree_verifier, "accept", spy)
+        def call(*args, **kwargs):
+            calls.append((rule, kwargs))
+            return real(*args, **kwargs)
+        return call
+
+    for rule in ("accept_rrs", "accept_target_only"):
+        monkeypatch.setattr(tree_verifier, rule, spy(rule))
     step = _plan_q({"a": [4, 5, 6]}, {"a": _draft_probs([0, -1, 1, -1])})
     logits = torch.randn(6, 16)
     sampled = [SamplingParams(temperature=1.0)] * 3
     verify_step(step, logits, sampled, [None] * 3, include=None, base=None, coin_rows=8)
-    kw = calls.pop()
-    assert kw["mode"] == "rrs" and kw["replacement"] is False
+    rule, kw = calls.pop()
+    assert rule == "accept_rrs" and kw["replacement"] is False
     assert kw["draft_rows"].tolist() == [0, -1, 1, -1, -1, -1]          # b, c: root-only trees
     verify_step(_plan(), logits, sampled, [None] * 3, include=None, base=None, coin_rows=8)
-    assert calls.pop()["mode"] == "target_only"                         # top-k trees: no q rows
+    assert calls.pop()[0] == "accept_target_only"                       # top-k trees: no q rows
     verify_step(step, logits, _greedy_params(3), [None] * 3, include=None, base=None)
     assert not calls                                                    # all greedy: the C++ walk
 

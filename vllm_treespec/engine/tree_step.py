@@ -28,17 +28,10 @@ import numpy as np
 import torch
 
 from vllm_treespec.tree import DraftTree
+from vllm_treespec.tree.ancestors import ancestor_words, local_index
 
-__all__ = ["AttentionPlan", "FlatTrees", "TreeStep", "plan_tree_step", "local_index",
-           "current_step", "set_current_step"]
-
-
-def local_index(sizes: np.ndarray) -> np.ndarray:
-    """Index of every flat row within its block, for blocks of `sizes` rows laid end to end."""
-    sizes = np.asarray(sizes, dtype=np.int64)
-    if sizes.size == 1:
-        return np.arange(int(sizes[0]), dtype=np.int64)
-    return np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+__all__ = ["AttentionPlan", "FlatTrees", "TreeStep", "plan_tree_step", "current_step",
+           "set_current_step"]
 
 
 @dataclass
@@ -62,23 +55,6 @@ class FlatTrees:
                                   for a in (t.tokens, t.parents, t.depth)))
         cat = lambda name: torch.from_numpy(np.concatenate([getattr(t, name) for t in trees]).astype(np.int64, copy=False))
         return cls(offsets, cat("tokens"), cat("parents"), cat("depth"))
-
-
-def ancestor_words(offsets: np.ndarray, parents: np.ndarray, depth: np.ndarray) -> np.ndarray:
-    """Local ancestor-or-self bitmask words (TreeBatch.anc_mask format) of flat trees, int64
-    [T, W]: one vectorised pass per tree level over all requests at once."""
-    sizes = offsets[1:] - offsets[:-1]
-    t = int(offsets[-1])
-    words = int((sizes.max() + 63) // 64)
-    start = np.repeat(offsets[:-1], sizes)
-    local = local_index(sizes)
-    anc = np.zeros((t, words), dtype=np.uint64)
-    anc[np.arange(t), local >> 6] = np.left_shift(np.uint64(1), (local & 63).astype(np.uint64))
-    gparent = np.where(parents >= 0, parents + start, -1)
-    for d in range(1, int(depth.max()) + 1 if t else 0):
-        rows = np.nonzero(depth == d)[0]
-        anc[rows] |= anc[gparent[rows]]
-    return anc.view(np.int64)
 
 
 @dataclass
@@ -274,7 +250,7 @@ def _attention_plan(step: TreeStep) -> AttentionPlan | None:
     sub_sizes = sizes[branchy]
     sub_offsets = np.zeros(branchy.size + 1, dtype=np.int64)
     np.cumsum(sub_sizes, out=sub_offsets[1:])
-    anc = ancestor_words(sub_offsets, batch.parents.numpy()[nodes], depth[nodes])
+    anc = ancestor_words(sub_offsets, batch.parents.numpy()[nodes], depth[nodes]).view(np.int64)
     keep = wrong[nodes]
     row_offsets = np.zeros(branchy.size + 1, dtype=np.int64)
     np.cumsum(np.bincount(owner[wrong], minlength=sizes.size)[branchy], out=row_offsets[1:])

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from vllm_treespec.engine.tree_step import TreeStep
-from vllm_treespec.engine.tree_step import local_index
+from vllm_treespec.tree.ancestors import local_index
 from vllm_treespec.verify import SAMPLING_EPS, SamplingParamsBatch, accept_rrs, accept_target_only
 from vllm_treespec.verify.kv_compaction import accepted_local_moves, compact_kv
 

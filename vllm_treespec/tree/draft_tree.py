@@ -30,6 +30,8 @@ from typing import Sequence
 
 import numpy as np
 
+from vllm_treespec.tree.ancestors import ancestor_words
+
 __all__ = ["DraftTree", "TreeValidationError"]
 
 
@@ -309,16 +311,7 @@ class DraftTree:
         return self._anc
 
     def _compute_anc(self) -> np.ndarray:
-        n = self.num_nodes
-        words = (n + 63) // 64
-        anc = np.zeros((n, words), dtype=np.uint64)
-        idx = np.arange(n)
-        anc[idx, idx >> 6] = np.left_shift(np.uint64(1), (idx & 63).astype(np.uint64))
-        dep, par = self.depth, self.parents
-        for d in range(1, int(dep.max()) + 1):
-            rows = np.nonzero(dep == d)[0]
-            anc[rows] |= anc[par[rows]]
-        return anc
+        return ancestor_words(np.array([0, self.num_nodes]), self.parents, self.depth)
 
     def dense_mask(self) -> np.ndarray:
         """bool [N+1, N+1]: mask[i, j] iff node j is an ancestor-or-self of node i."""
