@@ -40,17 +40,22 @@ def step_slot_mapping(runner: Any, rows: torch.Tensor) -> torch.Tensor:
     return picked.to("cpu", torch.int64)
 
 
-def layer_kv_caches(runner: Any) -> list[torch.Tensor]:
-    """Every attention layer's bound KV cache view (each once), as the attention ops see it."""
-    caches: list[torch.Tensor] = []
+def _bound_caches(runner: Any) -> list[tuple[torch.Tensor, Any]]:
+    """(KV cache view, its attention layer) of every layer, each cache once."""
+    out: list[tuple[torch.Tensor, Any]] = []
     seen: set[int] = set()
     for ctx in runner.compilation_config.static_forward_context.values():
         kv = getattr(ctx, "kv_cache", None)
         if not isinstance(kv, torch.Tensor) or kv.numel() == 0 or kv.data_ptr() in seen:
             continue
         seen.add(kv.data_ptr())
-        caches.append(kv)
-    return caches
+        out.append((kv, ctx))
+    return out
+
+
+def layer_kv_caches(runner: Any) -> list[torch.Tensor]:
+    """Every attention layer's bound KV cache view (each once), as the attention ops see it."""
+    return [kv for kv, _ in _bound_caches(runner)]
 
 
 def device_kv(runner: Any, cached: Any = None) -> Any:
@@ -67,16 +72,8 @@ def device_kv(runner: Any, cached: Any = None) -> Any:
 
 def kv_caches_and_layout(runner: Any) -> tuple[list[torch.Tensor], str]:
     """Every attention layer's KV cache tensor (each once) and their common CPU layout (ISA)."""
-    caches: list[torch.Tensor] = []
-    layouts: set[str] = set()
-    seen: set[int] = set()
-    for ctx in runner.compilation_config.static_forward_context.values():
-        kv = getattr(ctx, "kv_cache", None)
-        if not isinstance(kv, torch.Tensor) or kv.numel() == 0 or kv.data_ptr() in seen:
-            continue
-        seen.add(kv.data_ptr())
-        caches.append(kv)
-        layouts.add(getattr(ctx, "isa", "token_major"))
+    bound = _bound_caches(runner)
+    layouts = {getattr(ctx, "isa", "token_major") for _, ctx in bound}
     if len(layouts) != 1:
         raise RuntimeError(f"KV compaction needs one KV cache layout across layers, found {sorted(layouts)}")
-    return caches, layouts.pop()
+    return [kv for kv, _ in bound], layouts.pop()
