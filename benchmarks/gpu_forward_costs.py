@@ -609,7 +609,7 @@ def run(cfg: Settings, save: Callable[[dict[str, Any]], None] | None = None) -> 
         attention, tries = pick_attention(cfg.device, cfg.dtype, target.heads, target.kv_heads, target.head_dim)
         draft_attention, _ = pick_attention(cfg.device, cfg.dtype, draft.heads, draft.kv_heads, draft.head_dim)
     except Exception as e:                              # noqa: BLE001 - nothing valid to time; say why
-        result.update(errors=[f"attention: {type(e).__name__}: {e}"[:800]], vllm_imported="vllm" in sys.modules,
+        result.update(errors=[f"attention: {type(e).__name__}: {e}"[:800]], vllm_imported=vllm_imported_here(),
                       elapsed_s=round(time.monotonic() - cfg.budget.start, 2))
         return result
     result["method"] = {
@@ -653,13 +653,21 @@ def run(cfg: Settings, save: Callable[[dict[str, Any]], None] | None = None) -> 
     return _finish(result, cfg)
 
 
+_VLLM_BEFORE = frozenset(m for m in sys.modules if m == "vllm" or m.startswith("vllm."))
+
+
+def vllm_imported_here() -> bool:
+    """Whether this script loaded a vLLM module (a test process may have loaded vLLM before)."""
+    return any((m == "vllm" or m.startswith("vllm.")) and m not in _VLLM_BEFORE for m in sys.modules)
+
+
 def _finish(result: dict[str, Any], cfg: Settings) -> dict[str, Any]:
     """The summary fields (errors so far, elapsed time, peak memory, the no-vLLM check)."""
     result["errors"] = _errors({k: result[k] for k in ("target", "heads", "draft_lm") if k in result})
     result["elapsed_s"] = round(time.monotonic() - cfg.budget.start, 2)
     if cfg.device.type == "cuda":
         result["max_memory_allocated_gib"] = round(torch.cuda.max_memory_allocated(cfg.device) / 2**30, 2)
-    result["vllm_imported"] = "vllm" in sys.modules
+    result["vllm_imported"] = vllm_imported_here()
     return result
 
 
@@ -730,7 +738,7 @@ def main(argv: list[str] | None = None) -> int:
     save(result)
     print_table(result)
     print(f"wrote {path}")
-    assert "vllm" not in sys.modules, "gpu_forward_costs must not import vllm"
+    assert not vllm_imported_here(), "gpu_forward_costs must not import vllm"
     return 0
 
 

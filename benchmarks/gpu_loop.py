@@ -85,9 +85,16 @@ def set_exact_math() -> None:
     torch.set_float32_matmul_precision("highest")
 
 
+def _vllm_loaded() -> set[str]:
+    return {m for m in sys.modules if m == "vllm" or m.startswith("vllm.")}
+
+
+_VLLM_BEFORE = frozenset(_vllm_loaded())   # a test process may have loaded vLLM already
+
+
 def vllm_modules() -> list[str]:
-    """Any vLLM module in this process (the loop must run without vLLM)."""
-    return sorted(m for m in sys.modules if m == "vllm" or m.startswith("vllm."))
+    """vLLM modules this script loaded (the loop must run without vLLM)."""
+    return sorted(_vllm_loaded() - _VLLM_BEFORE)
 
 
 def sync(device: torch.device) -> None:
