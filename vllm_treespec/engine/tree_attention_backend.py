@@ -22,7 +22,7 @@ from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentio
 
 from vllm_treespec.attention.tree_attention_cpu import apply_tree_attention, plan_tree_attention
 from vllm_treespec.engine.model_checks import unsupported_reason  # noqa: F401  (moved there)
-from vllm_treespec.engine.tree_step import current_step
+from vllm_treespec.engine.tree_step import step_to_mask
 
 CLASS_PATH = "vllm_treespec.engine.tree_attention_backend.TreeCPUAttentionBackend"
 
@@ -36,16 +36,9 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
                 output_block_scale: torch.Tensor | None = None) -> torch.Tensor:
         output = super().forward(layer, query, key, value, kv_cache, attn_metadata, output,
                                  output_scale, output_block_scale)
-        step = current_step()
-        if step is None or step.attn is None or attn_metadata is None:
+        step = step_to_mask(self.attn_type == AttentionType.DECODER, attn_metadata)
+        if step is None:
             return output
-        if self.attn_type != AttentionType.DECODER:
-            return output
-        if attn_metadata.num_actual_tokens != step.num_scheduled_tokens:
-            raise RuntimeError(
-                f"tree attention: the step plan covers {step.num_scheduled_tokens} tokens but "
-                f"the attention batch has {attn_metadata.num_actual_tokens}; refusing to mask "
-                "the wrong rows")
         plan = step.attn
         start = time.perf_counter()
         nb, hkv, bs, _ = kv_cache.shape

@@ -40,7 +40,7 @@ import torch
 from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend, TritonAttentionImpl
 
-from vllm_treespec.engine.tree_step import AttentionPlan, current_step
+from vllm_treespec.engine.tree_step import AttentionPlan, step_to_mask
 
 __all__ = ["CLASS_PATH", "TritonTreePlan", "TreeTritonAttentionBackend",
            "TreeTritonAttentionImpl", "register", "triton_tree_plan"]
@@ -113,16 +113,9 @@ class TreeTritonAttentionImpl(TritonAttentionImpl):
                 output_block_scale: torch.Tensor | None = None) -> torch.Tensor:
         output = super().forward(layer, query, key, value, kv_cache, attn_metadata, output,
                                  output_scale, output_block_scale)
-        step = current_step()
-        if step is None or step.attn is None or attn_metadata is None:
+        step = step_to_mask(self.attn_type == AttentionType.DECODER, attn_metadata)
+        if step is None:
             return output
-        if self.attn_type != AttentionType.DECODER:
-            return output
-        if attn_metadata.num_actual_tokens != step.num_scheduled_tokens:
-            raise RuntimeError(
-                f"tree attention: the step plan covers {step.num_scheduled_tokens} tokens but "
-                f"the attention batch has {attn_metadata.num_actual_tokens}; refusing to mask "
-                "the wrong rows")
         if getattr(attn_metadata, "rswa_window", None) is not None:
             raise RuntimeError("tree attention: R-SWA windows are not applied by the tree kernel "
                                "(engine/backend_choice.py refuses such models at startup)")

@@ -273,3 +273,18 @@ def set_current_step(step: TreeStep | None) -> None:
 
 def current_step() -> TreeStep | None:
     return _CURRENT
+
+
+def step_to_mask(is_decoder: bool, attn_metadata: Any) -> TreeStep | None:
+    """The step whose tree rows an attention call must mask, or None (no tree step, vLLM's
+    profiling run, non-decoder attention). Raises when the plan and the batch disagree, rather
+    than masking the wrong rows. Both tree backends (CPU, Triton) start their forward here."""
+    step = _CURRENT
+    if step is None or step.attn is None or attn_metadata is None or not is_decoder:
+        return None
+    if attn_metadata.num_actual_tokens != step.num_scheduled_tokens:
+        raise RuntimeError(
+            f"tree attention: the step plan covers {step.num_scheduled_tokens} tokens but "
+            f"the attention batch has {attn_metadata.num_actual_tokens}; refusing to mask "
+            "the wrong rows")
+    return step
