@@ -2,26 +2,15 @@
 turn schedule, ratio arithmetic, mismatch helpers, prompt builder). No server, no engine."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
+from benchmark_modules import load_benchmark
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module              # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-bm = _load("bench_matrix")
-up = _load("unseen_prompts")
+bm = load_benchmark("bench_matrix")
+up = load_benchmark("unseen_prompts")
 
 
 # -- config specs ----------------------------------------------------------------------------

@@ -3,27 +3,14 @@ graph-capturable head cores equal the heads' own `draft`) and benchmarks/project
 (the projection formula on a hand-computed case). No GPU, no vLLM."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from benchmark_modules import load_benchmark
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module              # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-gfc = _load("gpu_forward_costs")
-pgs = _load("project_gpu_speedup")
+gfc = load_benchmark("gpu_forward_costs")
+pgs = load_benchmark("project_gpu_speedup")
 
 
 def _positive(x) -> bool:

@@ -2,13 +2,12 @@
 tree speculative decoding through the GPU kernels emits exactly plain greedy decoding's tokens."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from benchmark_modules import load_benchmark
 
 from vllm_treespec.kernels.testing import triton_mode_problem
 
@@ -20,12 +19,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 @pytest.fixture(scope="module")
 def gpu_loop():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_loop.py"
-    spec = importlib.util.spec_from_file_location("gpu_loop", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_loop"] = module        # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    yield module
+    yield load_benchmark("gpu_loop")
     sys.modules.pop("gpu_loop", None)
 
 

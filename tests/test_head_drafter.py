@@ -159,14 +159,10 @@ def test_head_config_errors(setup):
 
 def test_replay_hands_over_rows_like_the_engine(setup):
     """benchmarks/replay_tau.py feeds a head drafter contiguous committed rows (no restarts)."""
-    import importlib.util
-    from pathlib import Path
+    from benchmark_modules import load_benchmark
 
     path, target, head, tokens, aux = setup
-    spec = importlib.util.spec_from_file_location(
-        "replay_tau", Path(__file__).resolve().parents[1] / "benchmarks" / "replay_tau.py")
-    replay_tau = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(replay_tau)
+    replay_tau = load_benchmark("replay_tau")
     d = _drafter(path, target)
     records = [{"prompt_ids": tokens[:10].tolist(), "output_ids": tokens[10:30].tolist()}]
     row = replay_tau.replay(d, D, records, max_len=64, features=[[a[:30] for a in aux]])

@@ -4,29 +4,19 @@ completions and chat completions, streaming and not, all succeed; TTFT/TPOT are 
 server's spec-decode and treespec series are scraped and show trees verified."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-from pathlib import Path
 
 import pytest
+from benchmark_modules import BENCH, load_benchmark
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _load_sweep():
-    spec = importlib.util.spec_from_file_location("load_sweep", BENCH / "load_sweep.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_headless_locust_run_has_no_failures(code_lm_model, tmp_path):
     from vllm_treespec.serving import scrape_spec_metrics, serve
 
-    sweep = _load_sweep()
+    sweep = load_benchmark("load_sweep")
     flags = sweep.configs(8)["auto"]
     with serve(code_lm_model, ("--max-num-seqs", "8", "--chat-template", str(sweep.CHAT_TEMPLATE), *flags)) as server:
         before = scrape_spec_metrics(server, settle_s=0)

@@ -3,6 +3,7 @@ one end-to-end check that a served treespec model matches a no-spec server under
 from __future__ import annotations
 
 import pytest
+from benchmark_modules import load_benchmark
 
 from vllm_treespec.comparison import (Measurement, all_match, exact_matches, median_measurements,
                                       no_spec, percentile, ratio, summarize, tokens_per_step,
@@ -218,32 +219,15 @@ def test_median_measurements_keeps_each_rows_median_round():
 
 
 def test_bench_serving_refuses_zero_rounds(capsys):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_serving.py"
-    spec = importlib.util.spec_from_file_location("bench_serving", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("bench_serving")
     with pytest.raises(SystemExit):
         bench.parse_args(["--rounds", "0"])
     assert "--rounds must be at least 1, got 0" in capsys.readouterr().err
     assert bench.parse_args(["--rounds", "3"]).rounds == 3
 
 
-def _load_script(name: str):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_bench_paired_config_specs():
-    bench = _load_script("bench_paired")
+    bench = load_benchmark("bench_paired")
     assert bench.engine_kwargs("off") == {}
     assert bench.engine_kwargs("ngram:12")["speculative_config"] == {
         "method": "ngram", "num_speculative_tokens": 12, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
@@ -256,7 +240,7 @@ def test_bench_paired_config_specs():
 
 
 def test_bench_paired_resolves_vllm_draft_fixtures_only(monkeypatch, tmp_path):
-    bench = _load_script("bench_paired")
+    bench = load_benchmark("bench_paired")
     from vllm_treespec.drafters.lm import loading
 
     monkeypatch.setattr(loading, "resolve_model_dir", lambda path: tmp_path / path.split(":")[-1])
@@ -275,7 +259,7 @@ def test_bench_paired_resolves_vllm_draft_fixtures_only(monkeypatch, tmp_path):
     (["--a", "no-such-preset:4"], "no-such-preset"),
 ])
 def test_bench_paired_refuses_bad_arguments(argv, message, capsys):
-    bench = _load_script("bench_paired")
+    bench = load_benchmark("bench_paired")
     with pytest.raises(SystemExit):
         bench.parse_args(argv)
     assert message in capsys.readouterr().err
@@ -284,7 +268,7 @@ def test_bench_paired_refuses_bad_arguments(argv, message, capsys):
 def test_bench_paired_reports_a_dead_engine_instead_of_hanging():
     import multiprocessing as mp
 
-    bench = _load_script("bench_paired")
+    bench = load_benchmark("bench_paired")
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=_exit_at_once, args=(child,), daemon=True)
