@@ -87,20 +87,10 @@ def _num_splits(plan: TritonTreePlan, query: torch.Tensor, num_kv_heads: int) ->
     geometry = (query.shape[1], num_kv_heads, query.shape[2], query.dtype, query.device)
     splits = plan.num_splits.get(geometry)
     if splits is None:
-        splits = 1
-        if query.is_cuda:
-            import triton
+        from vllm_treespec.kernels.tree_attention import default_num_splits
 
-            from vllm_treespec.kernels.tree_attention import choose_num_splits, default_config
-
-            block_m, block_n, _, _ = default_config(triton.next_power_of_2(query.shape[2]),
-                                                    query.dtype)
-            group = query.shape[1] // num_kv_heads
-            tiles = triton.cdiv(plan.max_rows * group, block_m)
-            sms = torch.cuda.get_device_properties(query.device).multi_processor_count
-            splits = choose_num_splits(tiles * int(plan.prefix_lens.numel()) * num_kv_heads,
-                                       plan.max_prefix, sms, block_n)
-        plan.num_splits[geometry] = splits
+        splits = plan.num_splits[geometry] = default_num_splits(
+            query, num_kv_heads, int(plan.prefix_lens.numel()), plan.max_rows, plan.max_prefix)
     return splits
 
 

@@ -233,6 +233,20 @@ def choose_num_splits(num_programs: int, max_prefix: int, num_sms: int, block_n:
     return 1 << (max(want, 1).bit_length() - 1)
 
 
+def default_num_splits(query: torch.Tensor, num_kv_heads: int, num_requests: int, max_rows: int,
+                       max_prefix: int, block_m: int | None = None,
+                       block_n: int | None = None) -> int:
+    """The prefix splits `paged_tree_attention` picks for a call of this shape when not given:
+    1 off CUDA, else `choose_num_splits` over its grid (callers that reuse one shape in every
+    layer can compute it once). block_m / block_n: the call's tiles (default_config's)."""
+    if not query.is_cuda:
+        return 1
+    bm, bn, _, _ = default_config(triton.next_power_of_2(query.shape[-1]), query.dtype)
+    tiles = triton.cdiv(max_rows * (query.shape[1] // num_kv_heads), block_m or bm)
+    sms = torch.cuda.get_device_properties(query.device).multi_processor_count
+    return choose_num_splits(tiles * num_requests * num_kv_heads, max_prefix, sms, block_n or bn)
+
+
 def _check(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
            block_table: torch.Tensor, anc_mask: torch.Tensor, block_n: int) -> None:
     if query.dim() != 3 or key_cache.dim() != 4 or value_cache.shape != key_cache.shape:
@@ -300,13 +314,9 @@ def paged_tree_attention(query: torch.Tensor, key_cache: torch.Tensor,
     if max_rows is None:
         max_rows = int((q_offsets[1:] - q_offsets[:-1]).max())
     if num_splits is None:
-        num_splits = 1
-        if query.is_cuda:
-            if max_prefix is None:
-                max_prefix = int(prefix_lens.max())
-            tiles = triton.cdiv(max_rows * group, block_m)
-            sms = torch.cuda.get_device_properties(query.device).multi_processor_count
-            num_splits = choose_num_splits(tiles * b * hkv, max_prefix, sms, block_n)
+        if query.is_cuda and max_prefix is None:
+            max_prefix = int(prefix_lens.max())
+        num_splits = default_num_splits(query, hkv, b, max_rows, max_prefix or 0, block_m, block_n)
     tiles = triton.cdiv(max_rows * group, block_m)
     if num_splits > 1:
         part_out = torch.empty(num_splits, t, hq, d, dtype=torch.float32, device=query.device)
