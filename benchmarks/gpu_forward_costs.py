@@ -653,12 +653,16 @@ def run(cfg: Settings, save: Callable[[dict[str, Any]], None] | None = None) -> 
     return _finish(result, cfg)
 
 
-_VLLM_BEFORE = frozenset(m for m in sys.modules if m == "vllm" or m.startswith("vllm."))
+def _vllm_loaded() -> frozenset[str]:
+    return frozenset(m for m in sys.modules if m == "vllm" or m.startswith("vllm."))
+
+
+_VLLM_BEFORE = _vllm_loaded()   # reset by main(): a test process may have loaded vLLM already
 
 
 def vllm_imported_here() -> bool:
     """Whether this script loaded a vLLM module (a test process may have loaded vLLM before)."""
-    return any((m == "vllm" or m.startswith("vllm.")) and m not in _VLLM_BEFORE for m in sys.modules)
+    return bool(_vllm_loaded() - _VLLM_BEFORE)
 
 
 def _finish(result: dict[str, Any], cfg: Settings) -> dict[str, Any]:
@@ -716,6 +720,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global _VLLM_BEFORE
+    _VLLM_BEFORE = _vllm_loaded()
     ns = parse_args(argv)
     budget = Budget(ns.budget_s)
     device = torch.device(ns.device)

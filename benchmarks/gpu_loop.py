@@ -89,7 +89,7 @@ def _vllm_loaded() -> set[str]:
     return {m for m in sys.modules if m == "vllm" or m.startswith("vllm.")}
 
 
-_VLLM_BEFORE = frozenset(_vllm_loaded())   # a test process may have loaded vLLM already
+_VLLM_BEFORE = frozenset(_vllm_loaded())   # reset by main(): a test process may have loaded vLLM already
 
 
 def vllm_modules() -> list[str]:
@@ -366,52 +366,41 @@ def _record(logits: torch.Tensor, out: torch.Tensor, gaps: torch.Tensor, col: in
 
 @dataclasses.dataclass
 class TreeDrafter:
-    """The lookup-trie drafter's trie and parameters (``LookupTrieDrafter.params``)."""
-    trie: Any
-    params: dict[str, Any]
+    """The package's lookup-trie drafter with this loop's fixed node budget."""
+    drafter: Any                 # vllm_treespec.drafters.lookup_trie.LookupTrieDrafter
     budget: int
-    chain: bool
     tokenizer_check: str = ""
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return self.drafter.params
 
     def propose(self, buf: np.ndarray, rows: np.ndarray, num_tokens: np.ndarray) -> list[Any]:
         """One tree per request from its tokens so far (one C++ call for the batch)."""
         from vllm_treespec.drafters.base import DraftInputs
-        from vllm_treespec.drafters.lookup_trie import native_trees
 
         inputs = DraftInputs(req_ids=[str(r) for r in rows.tolist()], token_ids=buf,
                              rows=rows.astype(np.int64), num_tokens=num_tokens.astype(np.int64),
                              budgets=np.full(len(rows), self.budget, dtype=np.int64))
-        return native_trees(self.trie, inputs, chain=self.chain, **self.params)
-
-
-# LookupTrieConfig's defaults, used when vllm_treespec.config cannot load (it needs PyYAML).
-_DRAFTER_FALLBACK = {"min_ngram": 1, "max_ngram": 4, "max_matches": 8, "k": 4, "min_context": 1,
-                     "lookup_weight": 0.8, "min_path_prob": 0.0}
-
-
-def drafter_defaults() -> dict[str, Any]:
-    """The lookup_trie drafter's config defaults (vllm_treespec.config.LookupTrieConfig), which
-    are the lookup-trie presets' values (max_matches 8, lookup_weight 0.8, k 4)."""
-    try:
-        from vllm_treespec.config import LookupTrieConfig
-    except ImportError:
-        return dict(_DRAFTER_FALLBACK)
-    d = {f.name: f.default for f in dataclasses.fields(LookupTrieConfig)}
-    return {k: d[k] for k in _DRAFTER_FALLBACK}
+        return self.drafter.propose(inputs)
 
 
 def make_drafter(trie_path: str | Path, model_dir: str | Path, budget: int = 16,
                  max_depth: int = 8, chain: bool = False, **overrides: Any) -> TreeDrafter:
-    """The trie, checked against the model's tokenizer as the plugin loads it; without the
-    `tokenizers` library (the fingerprint needs it) the check is skipped and says so."""
-    from vllm_treespec.drafters.ngram_trie import load_checked_trie
+    """`LookupTrieDrafter` from the config defaults (the lookup-trie presets' values) and
+    `overrides`, its trie checked against the model's tokenizer as the plugin loads it; without
+    the `tokenizers` library (the fingerprint needs it) the check is skipped and says so."""
+    from types import SimpleNamespace
 
-    if _importable("tokenizers"):
-        trie, check = load_checked_trie(str(trie_path), model_dir, None), "fingerprint matched"
-    else:
-        trie, check = load_checked_trie(str(trie_path), None, None), "skipped (no tokenizers)"
-    params = {**drafter_defaults(), **overrides, "max_depth": int(max_depth)}
-    return TreeDrafter(trie, params, int(budget), bool(chain), check)
+    from vllm_treespec.config import LookupTrieConfig
+    from vllm_treespec.drafters.lookup_trie import LookupTrieDrafter
+
+    checked = _importable("tokenizers")
+    config = LookupTrieConfig(type="lookup_trie", path=str(trie_path), **overrides)
+    tree = SimpleNamespace(builder="chain" if chain else "best_first", max_depth=int(max_depth))
+    drafter = LookupTrieDrafter(config, model_dir if checked else None, tree)
+    return TreeDrafter(drafter, int(budget),
+                       "fingerprint matched" if checked else "skipped (no tokenizers)")
 
 
 def _importable(name: str) -> bool:
@@ -498,14 +487,14 @@ def _tree_step(dev: torch.device, kv: PagedKV, trees: list[Any], active: np.ndar
     """Verify rows: node i of request r at slot position prefix+i, RoPE position
     prefix+depth(i), prefix = the request's committed tokens (all but its root)."""
     from vllm_treespec.tree import TreeBatch
+    from vllm_treespec.tree.ancestors import local_index
 
     tb = TreeBatch.from_trees(trees)
     offsets = tb.offsets.numpy()
     sizes = np.diff(offsets)
     prefix = num[active] - 1
     base = np.repeat(prefix, sizes)
-    local = np.arange(offsets[-1]) - np.repeat(offsets[:-1], sizes)
-    slots = kv.slots(np.repeat(active, sizes), base + local)
+    slots = kv.slots(np.repeat(active, sizes), base + local_index(sizes))
     return packed_step(dev, tokens=tb.tokens.numpy(), positions=base + tb.depth.numpy(),
                        slots=slots, req_ids=active, prefix_lens=prefix, q_offsets=offsets,
                        anc_mask=tb.anc_mask.numpy(), causal=False, parents=tb.parents.numpy())
@@ -751,6 +740,8 @@ def fixture_paths(model: Path | None, trie: Path | None) -> tuple[Path, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global _VLLM_BEFORE
+    _VLLM_BEFORE = frozenset(_vllm_loaded())
     ns = parse_args(argv)
     prepare_triton(ns.device)
     set_exact_math()
