@@ -373,7 +373,7 @@ def test_device_compaction_moves_what_the_host_path_moves(monkeypatch, dtype):
     tree_verifier.compact_device(step, walk.accepted_nodes, kv)
     for got, want in zip(caches, expected):
         assert torch.equal(got, want)
-    assert tree_verifier.count_moves(walk.accepted_nodes.numpy()) == src.numel()
+    assert tree_verifier.count_moves(step, walk.accepted_nodes.numpy()) == src.numel()
     runner.kv_caches = runner.kv_caches[:2]                                  # caches replaced
     assert device_kv(runner, kv) is not kv
 

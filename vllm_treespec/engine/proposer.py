@@ -550,7 +550,7 @@ class TreeProposer:
         accepted_len = (accepted_nodes >= 0).sum(axis=1).tolist()
         self._last_verified = (step, accepted_nodes)
         if on_device:
-            moved = count_moves(accepted_nodes) if not step.chain_shaped else 0
+            moved = count_moves(step, accepted_nodes) if not step.chain_shaped else 0
         elif not step.chain_shaped and any(accepted_len):
             caches, layout = kv_caches_and_layout(runner)
             moved = compact(step, accepted_nodes, caches, layout)

@@ -212,10 +212,10 @@ def accepted_moves(step: TreeStep, accepted_nodes: torch.Tensor | np.ndarray
     return step.slot_mapping[start + src], step.slot_mapping[start + dst]
 
 
-def count_moves(accepted_nodes: np.ndarray) -> int:
-    """Moves a compaction of these accepted paths makes (nodes off the node prefix 1..a)."""
-    depth = np.arange(1, accepted_nodes.shape[1] + 1)
-    return int(((accepted_nodes >= 0) & (accepted_nodes != depth)).sum())
+def count_moves(step: TreeStep, accepted_nodes: np.ndarray) -> int:
+    """Moves a compaction of these accepted paths makes (the host path's move rule,
+    `accepted_local_moves`; the device path moves the same slots without reading them back)."""
+    return int(accepted_local_moves(step.trees.offsets, accepted_nodes)[0].numel())
 
 
 def compact_device(step: TreeStep, accepted_nodes: torch.Tensor, kv: Any) -> None:
