@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -44,8 +45,6 @@ DEVICE = "cuda"          # `--smoke` switches to "cpu": the interpreter, tiny sh
 
 def _bench(fn: Callable[[], Any]) -> float:
     if DEVICE != "cuda":                   # smoke run: one call, wall clock
-        import time
-
         t = time.perf_counter()
         fn()
         return (time.perf_counter() - t) * 1e3
@@ -233,10 +232,8 @@ def tune_rows(shapes: tuple[tuple[int, int, int], ...], hq: int, hkv: int, d: in
               dtype: torch.dtype, block_size: int, seconds: float) -> list[dict[str, Any]]:
     """Tile variants at each shape (an equal share of `seconds` each): error against the
     default tiles' output, then time."""
-    import time
-
     rows = []
-    for k, (b, ctx, n) in enumerate(shapes):
+    for b, ctx, n in shapes:
         deadline = time.monotonic() + seconds / len(shapes)
         case = Case(b, ctx, n, hq, hkv, d, dtype, block_size, seed=1)
         want = case.tree_triton().float()
@@ -350,7 +347,6 @@ def _main(ns: argparse.Namespace) -> int:
     free = torch.cuda.mem_get_info()[0] if DEVICE == "cuda" else 8 * 2**30
     budget = (ns.max_gib * 2**30) if ns.max_gib else 0.8 * free
     methods = set(ns.methods)
-    import time
 
     start = time.monotonic()
     deadline = start + (ns.budget_s or float("inf"))
