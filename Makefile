@@ -11,7 +11,7 @@ env:
 	@bash scripts/bootstrap.sh
 
 demo: env
-	$(VENV)/bin/vllm-treespec demo
+	$(VENV)/bin/python benchmarks/demo.py
 
 test: env
 	$(VENV)/bin/python -m pytest -q -ra --durations=25 $(PYTEST_ARGS)

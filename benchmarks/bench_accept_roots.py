@@ -61,7 +61,7 @@ def time_accept(batch: int, vocab: int, calls: int, walk: bool) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vllm_treespec.report import hardware_info, hardware_line, software_info
+    from harness.report import hardware_info, hardware_line, software_info
 
     ns = parse_args(argv)
     torch.set_num_threads(1)

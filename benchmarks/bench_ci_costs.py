@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", type=Path, default=None)
     ns = p.parse_args(argv)
     from vllm_treespec.fixtures import build_fixture
-    from vllm_treespec.report import hardware_info, hardware_line, software_info
+    from harness.report import hardware_info, hardware_line, software_info
 
     build_fixture("code-lm")                       # tokenizer and token shards of the Mamba recipe
     hw = hardware_info()

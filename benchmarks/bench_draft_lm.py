@@ -79,7 +79,7 @@ def measure(path: str, batch: int, length: int, steps: int, warmup: int) -> floa
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from vllm_treespec.report import hardware_info, hardware_line, software_info
+    from harness.report import hardware_info, hardware_line, software_info
 
     ns = parse_args(argv)
     if ns.threads:

@@ -88,7 +88,7 @@ def run_steps(lm, held: np.ndarray, steps: int, gap: Callable[[], None] | None) 
 
 def main(argv: list[str] | None = None) -> int:
     from vllm_treespec.fixtures.code_lm import load_tokens
-    from vllm_treespec.report import hardware_info, hardware_line, software_info
+    from harness.report import hardware_info, hardware_line, software_info
 
     ns = parse_args(argv)
     torch.set_num_threads(1)            # what vLLM's CPU worker leaves the drafter (lm/NOTES.md)

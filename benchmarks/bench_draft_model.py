@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None):
 
 
 def configs_for(ns) -> tuple[list, list[str]]:
-    from vllm_treespec.comparison import no_spec, treespec, vllm_draft_model
+    from harness.comparison import no_spec, treespec, vllm_draft_model
     from vllm_treespec.drafters.lm.loading import resolve_model_dir
     from vllm_treespec.tree.bandit import MAMBA_TEMPLATES
 

@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None):
 
 
 def configs_for(ns) -> list:
-    from vllm_treespec.comparison import no_spec, treespec
+    from harness.comparison import no_spec, treespec
 
     out = [no_spec()]
     for label, tree in SHAPES.items():

@@ -124,7 +124,7 @@ def plot(rows: list[dict], path: Path, title: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vllm_treespec.report import hardware_info, hardware_line, software_info
+    from harness.report import hardware_info, hardware_line, software_info
 
     ns = parse_args(argv)
     if ns.threads:

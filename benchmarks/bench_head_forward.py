@@ -59,7 +59,7 @@ def time_head(head, requests: int, context: int, committed: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vllm_treespec.report import hardware_info, hardware_line, software_info
+    from harness.report import hardware_info, hardware_line, software_info
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16", "float16"])

@@ -47,7 +47,7 @@ def parse_args(argv: list[str] | None):
 
 
 def configs_for(ns) -> tuple[list, list[str]]:
-    from vllm_treespec.comparison import no_spec, treespec, vllm_ngram
+    from harness.comparison import no_spec, treespec, vllm_ngram
 
     ngram = [vllm_ngram(k) for k in ns.ngram_k]
     out = [no_spec(), *ngram, treespec(8, "demo/lookup-trie-tree")]
@@ -59,7 +59,7 @@ def configs_for(ns) -> tuple[list, list[str]]:
 
 
 def _head_rows(ns, dtype: str) -> list:
-    from vllm_treespec.comparison import treespec
+    from harness.comparison import treespec
 
     tag = "" if dtype == "auto" else f" {dtype}"
     out = []

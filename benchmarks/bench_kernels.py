@@ -72,7 +72,7 @@ class Case:
     def __init__(self, batch: int, context: int, tree: int, hq: int, hkv: int, d: int,
                  dtype: torch.dtype, block_size: int, seed: int = 0) -> None:
         from vllm_treespec.tree import TreeBatch
-        from vllm_treespec.tree.testing import random_tree
+        from harness.random_trees import random_tree
 
         rng = np.random.default_rng(seed)
         dev = torch.device(DEVICE)
@@ -107,7 +107,7 @@ class Case:
 
     def check_first_request(self) -> float:
         """Max |ours - float64 reference| over request 0's rows (a sanity check per point)."""
-        from vllm_treespec.kernels.reference import paged_tree_attention_reference
+        from harness.kernel_reference import paged_tree_attention_reference
 
         ours = self.tree_triton()[: self.n].double()
         parents = self.parents[: self.n]
@@ -340,7 +340,7 @@ def _gpu_info() -> dict[str, Any]:
 
 
 def _main(ns: argparse.Namespace) -> int:
-    from vllm_treespec.report import software_info
+    from harness.report import software_info
 
     dtype = getattr(torch, ns.dtype)
     hq, hkv = ns.heads

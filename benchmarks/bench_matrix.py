@@ -94,7 +94,7 @@ class MatrixConfig:
 def parse_config(spec: str) -> MatrixConfig:
     """One --configs entry. ValueError (with the accepted forms) for a malformed one; a treespec
     config that does not load is checked by `check_config`."""
-    from vllm_treespec.comparison import (ngram_engine_kwargs, no_spec, treespec, treespec_engine_kwargs,
+    from harness.comparison import (ngram_engine_kwargs, no_spec, treespec, treespec_engine_kwargs,
                                           treespec_value, vllm_ngram)
 
     spec = spec.strip()
@@ -336,7 +336,7 @@ def server_dtype(server: Any) -> str | None:
 def explain_mismatch(server: Any, prompt: str, off_ids: list[int], spec_ids: list[int]) -> dict[str, Any]:
     """Why a greedy output left `off`'s: the `off` server's logprobs at the first difference,
     given exactly the prompt's tokens + the common prefix (a token-id prompt)."""
-    from vllm_treespec.serving import _post_json
+    from harness.serving import _post_json
 
     pos = first_difference(off_ids, spec_ids)
     out: dict[str, Any] = {"position": pos}
@@ -413,8 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     from bench_serving import resolve_model
     from unseen_prompts import build_prompts, describe, prompts_sha256
     from vllm_treespec.fixtures.prebuild import prebuild_engine_fixtures
-    from vllm_treespec.report import hardware_info, hardware_line, software_info
-    from vllm_treespec.serving import CPU_SERVE_ARGS, run_load, scrape_spec_metrics, serve
+    from harness.report import hardware_info, hardware_line, software_info
+    from harness.serving import CPU_SERVE_ARGS, run_load, scrape_spec_metrics, serve
 
     ns = parse_args(argv)
     configs: list[MatrixConfig] = ns.matrix_configs

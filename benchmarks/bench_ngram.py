@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-from vllm_treespec.report import cpu_model
+from harness.report import cpu_model
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "bench_ngram.json"
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from vllm_treespec.fixtures import corpus
     from vllm_treespec.ngram import NgramTrie, build_trie
-    from vllm_treespec.ngram.reference import DictTrie
+    from harness.dict_trie import DictTrie
 
     load_start = os.getloadavg()
     tok_dir, tok_name = tokenizer_dir()

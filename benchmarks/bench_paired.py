@@ -52,7 +52,7 @@ def engine_kwargs(spec: str) -> dict[str, Any]:
     if not sep or not k.isdigit() or not name:
         raise ValueError(f"config {spec!r}: expected off, ngram:K, vllm-draft:K or TREESPEC:K "
                          "(K a positive integer)")
-    from vllm_treespec.comparison import (ngram_engine_kwargs, treespec_engine_kwargs, treespec_value,
+    from harness.comparison import (ngram_engine_kwargs, treespec_engine_kwargs, treespec_value,
                                           vllm_draft_engine_kwargs)
 
     if name == "ngram":
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
           f"range {result['pair_ratio_min']:.2f}-{result['pair_ratio_max']:.2f}); "
           f"{'greedy' if ns.temperature == 0 else 'sampled'} outputs equal in {len(pairs) - mismatches}/{len(pairs)} pairs")
     if ns.output is not None:
-        from vllm_treespec.report import git_commit, hardware_info, software_info
+        from harness.report import git_commit, hardware_info, software_info
 
         ns.output.write_text(json.dumps({"benchmark": "bench_paired", "hardware": hardware_info(),
                                          "software": software_info(), "commit": git_commit(),

@@ -108,7 +108,7 @@ OPT_IN_FAMILIES = ("lookup-trie-distilled",)
 def tree_configs(budgets: list[int], continue_probs: list[float] = (),
                  families: list[str] | None = None) -> list:
     """Chain vs trees of each drafter at each node budget (K = budget)."""
-    from vllm_treespec.comparison import treespec
+    from harness.comparison import treespec
 
     out = []
     for b in budgets:
@@ -129,7 +129,7 @@ def fastest(measurements: list, names: list[str], concurrency: int) -> str:
 
 def columns() -> list:
     """Table columns (formatters imported here so `--help` stays instant)."""
-    from vllm_treespec.report import fmt_float, fmt_match, fmt_ms, fmt_ratio
+    from harness.report import fmt_float, fmt_match, fmt_ms, fmt_ratio
 
     return [("config", "config", str), ("conc", "concurrency", str),
             ("tok/s", "tokens_per_s", fmt_float(1)), ("tau", "tau", fmt_float(2)),
@@ -144,7 +144,7 @@ def columns() -> list:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vllm_treespec.comparison import no_spec, treespec, vllm_ngram
+    from harness.comparison import no_spec, treespec, vllm_ngram
 
     ns = parse_args(argv)
     k = ns.num_speculative_tokens
@@ -163,12 +163,12 @@ def run_and_record(ns: argparse.Namespace, benchmark: str, configs: list, refere
     """Serve every config (ns.rounds rounds, alternating order), print the table, write JSON + PNG.
     The reference is the fastest of `reference_names` at the lowest concurrency. Exit 1 when
     any greedy output differs from no speculation."""
-    from vllm_treespec.comparison import (NGRAM_MAX, NGRAM_MIN, all_match, median_measurements,
+    from harness.comparison import (NGRAM_MAX, NGRAM_MIN, all_match, median_measurements,
                                           run_comparison, summarize)
     from vllm_treespec.fixtures.corpus import held_out_prompts
-    from vllm_treespec.report import (format_table, hardware_info, hardware_line, plot_throughput,
+    from harness.report import (format_table, hardware_info, hardware_line, plot_throughput,
                                       software_info)
-    from vllm_treespec.serving import CPU_SERVE_ARGS
+    from harness.serving import CPU_SERVE_ARGS
 
     label, model_dir, meta = resolve_model(ns)
     if "lookup-trie-distilled" in (getattr(ns, "tree_configs", None) or ()):

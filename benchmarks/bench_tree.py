@@ -8,8 +8,8 @@ Settings:
 
 Every build goes through the public `build_tree` (what the proposer will call), on a process
 pinned to one core, cycling over 8 different random tables; the table reports median and p90 per
-request. The acceptance-rule latency comes from `vllm_treespec.verify.bench.accept_latency` when
-that module is importable (else "not available"). Output: a table, then the JSON record as the
+request. The acceptance-rule latency comes from `harness.accept_latency.accept_latency` (not
+measured with --quick). Output: a table, then the JSON record as the
 LAST line; the record is also written to benchmarks/results/bench_tree.json.
 
     .venv/bin/python benchmarks/bench_tree.py            # ~1 minute
@@ -34,7 +34,7 @@ try:
 except ImportError:
     sys.path.insert(0, str(ROOT))
 
-from vllm_treespec.report import cpu_model  # noqa: E402
+from harness.report import cpu_model  # noqa: E402
 from vllm_treespec.tree import (DepthTable, NgramTable, TreeBatch, build_tree,  # noqa: E402
                                 builder_params)
 
@@ -179,15 +179,12 @@ def main(argv=None) -> dict:
 
     accept = "not available"
     if not args.quick:
+        from harness.accept_latency import accept_latency
+
         try:
-            from vllm_treespec.verify.bench import accept_latency
-        except ImportError:
-            accept = "not available"
-        else:
-            try:
-                accept = accept_latency(args.accept_batch_sizes, threads=1)
-            except Exception as e:  # noqa: BLE001 - reported, never fatal for this benchmark
-                accept = f"error: {type(e).__name__}: {e}"
+            accept = accept_latency(args.accept_batch_sizes, threads=1)
+        except Exception as e:  # noqa: BLE001 - reported, never fatal for this benchmark
+            accept = f"error: {type(e).__name__}: {e}"
 
     print(f"{'builder':<22}{'setting':<38}{'budget':>7}{'backend':>9}{'median ms':>11}"
           f"{'p90 ms':>9}{'nodes':>7}")
@@ -195,7 +192,7 @@ def main(argv=None) -> dict:
         print(f"{r['builder']:<22}{r['setting']:<38}{r['budget']:>7}{r['backend']:>9}"
               f"{r['median_ms']:>11.4f}{r['p90_ms']:>9.4f}{r['nodes']:>7}")
     if isinstance(accept, dict):
-        print("acceptance rules (verify.bench.accept_latency, median ms per call):")
+        print("acceptance rules (harness.accept_latency, median ms per call):")
         for mode, per in accept.get("results", {}).items():
             print("  " + mode + ": " + ", ".join(f"B={b}: {v['median_ms']:.3f}"
                                                  for b, v in per.items()))

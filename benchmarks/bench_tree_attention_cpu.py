@@ -46,7 +46,7 @@ def binary_tree_words(n: int) -> torch.Tensor:
 
 
 def measure(b: int, n: int, prefix: int) -> dict:
-    from vllm_treespec.attention.testing import random_block_table, split_kv
+    from harness.paged_cache import random_block_table, split_kv
     from vllm_treespec.attention.tree_attention_cpu import (apply_tree_attention, plan_tree_attention,
                                                             tree_attention)
 
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path,
                    default=Path(__file__).resolve().parent / "results" / "bench_tree_attention_cpu.json")
     ns = p.parse_args(argv)
-    from vllm_treespec.report import git_commit, hardware_info, hardware_line, software_info
+    from harness.report import git_commit, hardware_info, hardware_line, software_info
 
     print(hardware_line(hardware_info()), f"| torch threads {torch.get_num_threads()}")
     print(f"{'reqs':>4} {'rows':>4} {'prefix':>6} {'plan ms':>8} {'apply ms':>9} {'step (3 layers)':>16} "

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None)
     ns = p.parse_args(argv)
     torch.set_num_threads(1)
-    from vllm_treespec.report import hardware_info, software_info
+    from harness.report import hardware_info, software_info
 
     rows = [measure(b, k, ns.vocab, ns.repeats) for b in ns.batches for k in ns.budgets]
     print(f"{'batch':>5} {'budget':>6} {'nodes':>6} {'draft ms':>9} {'plan ms':>8} {'verify ms':>9}")

@@ -65,13 +65,13 @@ CODE_PROMPTS = [
 
 # ---------------------------------------------------------------------------- setup
 def prepare_triton(device: str) -> None:
-    """Triton reads TRITON_INTERPRET when it is first imported (vllm_treespec/kernels/testing.py), so the CPU
+    """Triton reads TRITON_INTERPRET when it is first imported (harness/triton_mode.py), so the CPU
     interpreter must be chosen before any kernel module loads."""
     if device == "cpu":
         if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
             raise RuntimeError("triton was imported before TRITON_INTERPRET=1 was set")
         os.environ["TRITON_INTERPRET"] = "1"
-        from vllm_treespec.kernels.testing import triton_mode_problem
+        from harness.triton_mode import triton_mode_problem
 
         problem = triton_mode_problem()
         if problem:

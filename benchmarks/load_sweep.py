@@ -33,7 +33,7 @@ DRAFTER = "demo/lookup-trie-tree"     # the best treespec drafter on the code-LM
 
 def configs(num_spec: int) -> dict[str, tuple[str, ...]]:
     """name -> extra `serve` flags."""
-    from vllm_treespec.comparison import treespec
+    from harness.comparison import treespec
 
     def ts(budget: dict[str, Any], k: int = num_spec) -> tuple[str, ...]:
         return treespec(k, _preset_with_budget(DRAFTER, budget)).args
@@ -143,8 +143,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     from vllm_treespec.fixtures import build_fixture
-    from vllm_treespec.report import hardware_info, hardware_line, software_info
-    from vllm_treespec.serving import scrape_spec_metrics, serve
+    from harness.report import hardware_info, hardware_line, software_info
+    from harness.serving import scrape_spec_metrics, serve
 
     ns = parse_args(argv)
     table = configs(ns.num_speculative_tokens)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
-    from vllm_treespec.report import hardware_line, plot_throughput
+    from harness.report import hardware_line, plot_throughput
 
     if not argv:
         print(__doc__, file=sys.stderr)

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from unseen_prompts import build_prompts
     from vllm_treespec.fixtures import build_fixture
-    from vllm_treespec.report import hardware_info, software_info
+    from harness.report import hardware_info, software_info
 
     model = str(build_fixture("code-lm"))
     prompts = [p.text for p in build_prompts(ns.num_prompts + 4, seed=5)]

@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
 
     from vllm import LLM, SamplingParams
 
-    from vllm_treespec.comparison import ngram_engine_kwargs, treespec_engine_kwargs, treespec_value
+    from harness.comparison import ngram_engine_kwargs, treespec_engine_kwargs, treespec_value
     from vllm_treespec.fixtures import build_fixture
     from vllm_treespec.fixtures.corpus import held_out_prompts
 

@@ -81,7 +81,7 @@ def _short(frame: str) -> str:
 
 def profile_one(cfg: Any, model_dir: Path, base_args: tuple[str, ...], prompts: list[str], warmup: list[str],
                 ns: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
-    from vllm_treespec.serving import run_load, serve
+    from harness.serving import run_load, serve
 
     raw_path = out_dir / f"{cfg.label.replace(' ', '_').replace('/', '_')}.raw.txt"   # collapsed stacks
     with serve(model_dir, cfg.args, base_args=base_args) as server:
@@ -132,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     from bench_serving import resolve_model
     from unseen_prompts import build_prompts
     from vllm_treespec.fixtures.prebuild import prebuild_engine_fixtures
-    from vllm_treespec.report import hardware_info, hardware_line
-    from vllm_treespec.serving import CPU_SERVE_ARGS
+    from harness.report import hardware_info, hardware_line
+    from harness.serving import CPU_SERVE_ARGS
 
     ns = parse_args(argv)
     configs = parse_configs(ns.configs)

@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:34s} {budget:6d} {row['tau']:6.2f} {row['tokens_per_step']:8.2f} "
                   f"{row['mean_nodes']:6.1f} {row['draft_ms_per_step']:8.3f}", flush=True)
     if ns.output is not None:
-        from vllm_treespec.report import git_commit, hardware_info, software_info
+        from harness.report import git_commit, hardware_info, software_info
 
         ns.output.write_text(json.dumps({"benchmark": "replay_tau", "hardware": hardware_info(),
                                          "software": software_info(), "commit": git_commit(),

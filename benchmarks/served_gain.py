@@ -52,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     from bench_matrix import parse_configs, serve_args_default_dtype
     from bench_serving import resolve_model
     from unseen_prompts import build_prompts
-    from vllm_treespec.report import hardware_info, software_info
-    from vllm_treespec.serving import CPU_SERVE_ARGS, run_load, serve
+    from harness.report import hardware_info, software_info
+    from harness.serving import CPU_SERVE_ARGS, run_load, serve
 
     _, model_dir, _ = resolve_model(ns)
     cfg = parse_configs([ns.config])[-1]

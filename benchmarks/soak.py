@@ -191,7 +191,7 @@ class Soak:
 
 
 def reference_outputs(model: Path, prompts: list[str], max_tokens: int) -> list[list[int]]:
-    from vllm_treespec.serving import complete, serve
+    from harness.serving import complete, serve
 
     with serve(model, ("--max-num-seqs", "4")) as server:
         return [complete(server.base_url, server.model, p, max_tokens=max_tokens).token_ids or []
@@ -217,11 +217,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vllm_treespec.comparison import treespec
+    from harness.comparison import treespec
     from vllm_treespec.fixtures import build_fixture
     from vllm_treespec.fixtures.corpus import held_out_prompts
-    from vllm_treespec.report import hardware_info, software_info
-    from vllm_treespec.serving import serve
+    from harness.report import hardware_info, software_info
+    from harness.serving import serve
 
     ns = parse_args(argv)
     model = build_fixture(ns.fixture)

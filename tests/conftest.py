@@ -1,11 +1,18 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Callable
 
 import pytest
 import torch
+
+# Tests import the harness the benchmark scripts share (benchmarks/harness/) the way the scripts
+# do, as `harness.<module>`; their own helpers (tests/support/) come from tests/ on the path.
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+if str(BENCHMARKS) not in sys.path:
+    sys.path.insert(0, str(BENCHMARKS))
 
 # Triton kernel tests (tests/test_kernels_*.py) run in Triton's CPU interpreter when there is no
 # GPU. triton 3.9 reads TRITON_INTERPRET when each @triton.jit function is decorated, including

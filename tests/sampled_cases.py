@@ -11,9 +11,9 @@ import collections
 import numpy as np
 import torch
 
+from support.verify_cases import chi_square_pvalue
 from vllm_treespec.verify import SamplingParamsBatch
 from vllm_treespec.verify.sampling_params import target_probs
-from vllm_treespec.verify.testing import chi_square_pvalue
 
 SAMPLES = 5000
 LENGTH = 4                  # tokens whose joint law is tested

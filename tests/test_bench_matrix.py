@@ -74,7 +74,7 @@ def test_parse_configs_adds_off_first_and_checks():
 
 
 def test_default_dtype_args():
-    from vllm_treespec.serving import CPU_SERVE_ARGS
+    from harness.serving import CPU_SERVE_ARGS
 
     args = bm.serve_args_default_dtype(CPU_SERVE_ARGS)
     assert "--dtype" not in args and not any(a.startswith("--dtype") for a in args)

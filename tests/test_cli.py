@@ -134,3 +134,12 @@ def test_train_dart_without_data_says_what_to_run(tmp_path, capsys):
 
     assert main(["train", "dart", "fixture:tiny", "--data", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
     assert "run `vllm-treespec train data` first" in capsys.readouterr().err
+
+
+def test_the_demo_is_not_a_subcommand(capsys):
+    """The demo runs from a checkout (`make demo`: benchmarks/demo.py), not from the package."""
+    from vllm_treespec.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo"])
+    assert exit_info.value.code == 2 and "invalid choice: 'demo'" in capsys.readouterr().err

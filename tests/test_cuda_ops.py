@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
+from harness.kernel_reference import compact_kv_reference
+from support.verify_cases import random_tree_batch
 from vllm_treespec.kernels import cuda_ops
 from vllm_treespec.kernels.kv_compaction import KVLayers
-from vllm_treespec.kernels.reference import compact_kv_reference
 from vllm_treespec.verify.accept import accept
-from vllm_treespec.verify.testing import random_tree_batch
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and cuda_ops.available()),
                                 reason="needs a CUDA GPU and vllm_treespec._C_cuda "

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
+from support.verify_cases import chi_square_pvalue
 from vllm_treespec.drafters.draft_sampling import DraftSampler, samples
 from vllm_treespec.verify import SamplingParamsBatch
 from vllm_treespec.verify.sampling_params import target_probs
-from vllm_treespec.verify.testing import chi_square_pvalue
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -74,7 +74,7 @@ def _post_with_xargs(base_url: str, model: str, xargs: dict) -> tuple[int, str]:
 
 @pytest.fixture(scope="module")
 def served(code_lm_model):
-    from vllm_treespec.serving import run_load, serve
+    from harness.serving import run_load, serve
 
     results = {}
     for name, args in (("off", ()), ("tree", TREE_ARGS)):

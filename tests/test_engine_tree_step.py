@@ -189,7 +189,7 @@ def test_eligibility_reasons():
 def test_greedy_walk_equals_accept_greedy_on_random_trees():
     from vllm_treespec.engine.tree_verifier import greedy_walk
     from vllm_treespec.verify import accept
-    from vllm_treespec.verify.testing import random_tree_batch
+    from support.verify_cases import random_tree_batch
 
     rng = np.random.default_rng(0)
     for trial in range(50):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_treespec.comparison import treespec_engine_kwargs
+from harness.comparison import treespec_engine_kwargs
 from vllm_treespec.config import ConfigError, load_config
 from vllm_treespec.fixtures.prebuild import config_fixtures, prebuild_engine_fixtures, prebuild_fixtures
 

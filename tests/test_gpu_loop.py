@@ -9,7 +9,7 @@ import pytest
 import torch
 from benchmark_modules import load_benchmark
 
-from vllm_treespec.kernels.testing import triton_mode_problem
+from harness.triton_mode import triton_mode_problem
 
 pytestmark = pytest.mark.skipif(triton_mode_problem() is not None,
                                 reason=str(triton_mode_problem()))

@@ -4,7 +4,7 @@ Triton tree kernels in Triton's interpreter (TRITON_INTERPRET=1, set by conftest
 vLLM's CPU build disables Triton ("Triton is installed, but doesn't include CPU backend"), so
 the `unified_attention` its TRITON_ATTN forward calls is a placeholder here: the forward tests
 monkeypatch that one call with a torch reference of causal paged attention (float64, from
-vllm_treespec/kernels/reference.py) and check what this plugin adds: the tree rows recomputed by
+benchmarks/harness/kernel_reference.py) and check what this plugin adds: the tree rows recomputed by
 `paged_tree_attention` and written over it, everything else left as vLLM's kernel wrote it.
 Outputs are compared with a float64 reference of the whole mixed batch. What only a GPU can
 check (compiled kernels, CUDA graphs, the real `unified_attention`) is not covered here.
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_treespec.kernels.testing import triton_mode_problem
+from harness.triton_mode import triton_mode_problem
 
 problem = triton_mode_problem()
 pytestmark = pytest.mark.skipif(problem is not None, reason=problem or "")
@@ -30,7 +30,12 @@ from vllm.v1.attention.backends.triton_attn import (  # noqa: E402
     TritonAttentionMetadata,
 )
 
-from vllm_treespec.attention.testing import random_block_table  # noqa: E402
+from harness.kernel_reference import (  # noqa: E402
+    compact_kv_reference,
+    paged_tree_attention_reference,
+)
+from harness.paged_cache import random_block_table  # noqa: E402
+from harness.random_trees import random_tree  # noqa: E402
 from vllm_treespec.engine import device_verify, tree_verifier  # noqa: E402
 from vllm_treespec.engine.model_checks import unsupported_reason  # noqa: E402
 from vllm_treespec.engine.tree_attention_triton import (  # noqa: E402
@@ -38,12 +43,7 @@ from vllm_treespec.engine.tree_attention_triton import (  # noqa: E402
     TreeTritonAttentionImpl,
 )
 from vllm_treespec.engine.tree_step import plan_tree_step, set_current_step  # noqa: E402
-from vllm_treespec.kernels.reference import (  # noqa: E402
-    compact_kv_reference,
-    paged_tree_attention_reference,
-)
 from vllm_treespec.tree import DraftTree  # noqa: E402
-from vllm_treespec.tree.testing import random_tree  # noqa: E402
 
 HQ, HKV, D, BS = 4, 2, 32, 16
 
@@ -315,7 +315,7 @@ def test_branching_tree_steps_never_dispatch_full_graphs():
 
 # -- acceptance and compaction on the device path -----------------------------------------------
 def test_device_greedy_walk_equals_the_host_walk(monkeypatch):
-    from vllm_treespec.verify.testing import random_tree_batch
+    from support.verify_cases import random_tree_batch
 
     rng = np.random.default_rng(1)
     for trial in range(12):

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_treespec.attention.testing import random_block_table
-from vllm_treespec.kernels.reference import compact_kv_reference
-from vllm_treespec.kernels.testing import triton_mode_problem
+from harness.kernel_reference import compact_kv_reference
+from harness.paged_cache import random_block_table
+from harness.triton_mode import triton_mode_problem
+from support.verify_cases import random_tree_batch
 from vllm_treespec.verify.accept import accept
 from vllm_treespec.verify.kv_compaction import accepted_slot_moves
-from vllm_treespec.verify.testing import random_tree_batch
 
 if (_why := triton_mode_problem()) is not None:
     pytest.skip(_why, allow_module_level=True)

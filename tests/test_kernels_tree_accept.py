@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_treespec.kernels.testing import poison_, triton_mode_problem
+from harness.triton_mode import triton_mode_problem
+from support.kernel_cases import poison_
+from support.verify_cases import biased_logits, random_tree_batch
 from vllm_treespec.verify.accept import accept
 from vllm_treespec.verify.sampling_params import greedy_tokens
-from vllm_treespec.verify.testing import biased_logits, random_tree_batch
 
 if (_why := triton_mode_problem()) is not None:
     pytest.skip(_why, allow_module_level=True)

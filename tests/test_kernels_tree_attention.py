@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_treespec.kernels.reference import paged_tree_attention_reference
-from vllm_treespec.kernels.testing import paged_tree_case, poison_, triton_mode_problem
+from harness.kernel_reference import paged_tree_attention_reference
+from harness.triton_mode import triton_mode_problem
+from support.kernel_cases import paged_tree_case, poison_
 
 if (_why := triton_mode_problem()) is not None:
     pytest.skip(_why, allow_module_level=True)
@@ -99,8 +100,8 @@ def test_soft_cap_and_one_mask_word_per_tile():
 
 
 def test_reference_agrees_with_cpu_reference():
-    """The FA-layout reference against attention.testing's slot-by-slot one (token_major)."""
-    from vllm_treespec.attention.testing import tree_attention_reference
+    """The FA-layout reference against support.attention_reference's slot-by-slot one (token_major)."""
+    from support.attention_reference import tree_attention_reference
 
     case = paged_tree_case(6, [5, 9], [7, 18], 4, 2, 32, torch.float32, 16)
     ours = _reference(case, 0.2)

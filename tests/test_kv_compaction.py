@@ -11,17 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_treespec.attention.testing import (
-    logical_slots,
-    poisoned_cache,
-    random_block_table,
-    read_slot_reference,
-    split_kv,
-    write_slots,
-)
+from harness.paged_cache import random_block_table, split_kv
+from harness.random_trees import random_tree
+from support.attention_reference import logical_slots, poisoned_cache, read_slot_reference, write_slots
 from vllm_treespec.attention.tree_attention_cpu import gather_paged_kv, tree_attention
 from vllm_treespec.tree import DraftTree, TreeBatch
-from vllm_treespec.tree.testing import random_tree
 from vllm_treespec.verify.kv_compaction import accepted_slot_moves, compact_kv
 
 

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+from harness.random_trees import hashed_expander, random_depth_table, random_ngram
 from vllm_treespec.tree import BuildError, CandidateError, DepthTable, Expander, build_tree
 from vllm_treespec.tree.builders import builder_params
 from vllm_treespec.tree.lockstep import (LOCKSTEP_BUILDERS, ExpandRequest, Expansion,
                                          builder_steps, run_lockstep)
-from vllm_treespec.tree.testing import hashed_expander, random_depth_table, random_ngram
 
 VOCAB = 30
 CONTEXT = (1, 2, 3)

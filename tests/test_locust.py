@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_headless_locust_run_has_no_failures(code_lm_model, tmp_path):
-    from vllm_treespec.serving import scrape_spec_metrics, serve
+    from harness.serving import scrape_spec_metrics, serve
 
     sweep = load_benchmark("load_sweep")
     flags = sweep.configs(8)["auto"]

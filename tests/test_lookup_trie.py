@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from support.lookup_trie_reference import lookup_trie_trees_reference
 from vllm_treespec.config import ConfigError, load_config
 from vllm_treespec.drafters import DraftInputs, make_drafter
-from vllm_treespec.drafters.lookup_trie import lookup_trie_trees_reference
 from vllm_treespec.ngram import NgramTrie, build_trie_from_streams
 from vllm_treespec.tree import DraftTree
 

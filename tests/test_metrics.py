@@ -1,6 +1,6 @@
 """The treespec_* Prometheus series (engine/metrics.py): every one carries vLLM's `model_name`
 label and is documented in docs/metrics.md; a worker that cannot export them says how to fix it;
-benchmark records name the hardware they ran on (report.py)."""
+benchmark records name the hardware they ran on (benchmarks/harness/report.py)."""
 from __future__ import annotations
 
 import logging
@@ -177,7 +177,7 @@ def test_proposer_labels_its_series_with_the_served_model(monkeypatch, tmp_path)
 def test_hardware_info_on_this_cpu_host_says_cpu_only_and_names_the_cpu():
     import torch
 
-    from vllm_treespec.report import cpu_model, hardware_info, hardware_line
+    from harness.report import cpu_model, hardware_info, hardware_line
 
     if torch.cuda.is_available():
         pytest.skip("a GPU host")
@@ -192,7 +192,7 @@ def test_hardware_info_on_this_cpu_host_says_cpu_only_and_names_the_cpu():
 
 
 def test_gpu_summary_counts_identical_devices():
-    from vllm_treespec.report import _gpu_summary
+    from harness.report import _gpu_summary
 
     h100 = {"name": "NVIDIA H100 80GB HBM3", "mem_gib": 79.2}
     s = _gpu_summary([h100, h100])
@@ -203,7 +203,7 @@ def test_gpu_probe_runs_in_a_child_process(monkeypatch):
     """A CUDA build of torch is asked in a child (real probe here: a CPU host reports none)."""
     import torch
 
-    from vllm_treespec import report
+    from harness import report
 
     if torch.cuda.is_available():
         pytest.skip("a GPU host")
@@ -217,7 +217,7 @@ def test_gpu_probe_output_and_failure(monkeypatch):
 
     import torch
 
-    from vllm_treespec import report
+    from harness import report
 
     monkeypatch.setattr(torch.version, "cuda", "12.8")
     probed = '[{"name": "NVIDIA H200", "mem_gib": 139.8}]'
@@ -233,7 +233,7 @@ def test_gpu_probe_output_and_failure(monkeypatch):
 
 
 def test_hardware_line_of_an_old_record_does_not_guess_the_gpu():
-    from vllm_treespec.report import hardware_line
+    from harness.report import hardware_line
 
     old = {"cpu_model": "Xeon", "usable_cores": 2, "cpu_cores": 2, "mem_gib": 16.0}
     assert hardware_line(old).endswith("; GPU not recorded")

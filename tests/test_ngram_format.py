@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.dict_trie import DictTrie
 from vllm_treespec.ngram import NgramTrie, TokenizerMismatchError, TrieFormatError, build_trie_from_streams
 from vllm_treespec.ngram.format import SECTIONS, read_header, rewrite_header
-from vllm_treespec.ngram.reference import DictTrie
 
 FP = "ab" * 32
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness.dict_trie import DictTrie
 from vllm_treespec.ngram import NgramTrie, build_trie_from_streams
-from vllm_treespec.ngram.reference import DictTrie
 from conftest import run_in_threads
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from benchmark_modules import load_benchmark
 
-from vllm_treespec.comparison import (Measurement, all_match, exact_matches, median_measurements,
+from harness.comparison import (Measurement, all_match, exact_matches, median_measurements,
                                       no_spec, percentile, ratio, summarize, tokens_per_step,
                                       treespec, vllm_ngram)
-from vllm_treespec.report import fmt_float, fmt_match, fmt_ratio, format_table, hardware_info
-from vllm_treespec.serving import LoadResult, RequestResult, SpecMetrics, parse_spec_metrics
+from harness.report import fmt_float, fmt_match, fmt_ratio, format_table, hardware_info
+from harness.serving import LoadResult, RequestResult, SpecMetrics, parse_spec_metrics
 
 MODEL = 'engine="0",model_name="/m"'
 METRICS_TEXT = f"""\
@@ -164,7 +164,7 @@ def test_served_treespec_matches_no_spec_under_concurrency():
     concurrency 2, and the spec-decode counters are exported and consistent."""
     from vllm_treespec.fixtures import build_fixture
     from vllm_treespec.fixtures.corpus import held_out_prompts
-    from vllm_treespec.serving import run_load, scrape_spec_metrics, serve
+    from harness.serving import run_load, scrape_spec_metrics, serve
 
     model = build_fixture("tiny")
     prompts = held_out_prompts(4, 400, seed=7)

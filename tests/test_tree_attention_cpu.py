@@ -11,16 +11,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vllm_treespec.attention.cpu_kv_layout import check_layout, slot_element_offsets
-from vllm_treespec.attention.testing import (
+from harness.paged_cache import random_block_table, split_kv
+from harness.random_trees import random_tree
+from support.attention_reference import (
     logical_slots,
     poisoned_cache,
-    random_block_table,
     read_slot_reference,
-    split_kv,
     tree_attention_reference,
     write_slots,
 )
+from vllm_treespec.attention.cpu_kv_layout import check_layout, slot_element_offsets
 from vllm_treespec.attention.tree_attention_cpu import (
     apply_tree_attention,
     decode_anc_mask,
@@ -29,7 +29,6 @@ from vllm_treespec.attention.tree_attention_cpu import (
     tree_attention,
 )
 from vllm_treespec.tree import DraftTree, TreeBatch
-from vllm_treespec.tree.testing import random_tree
 
 # (layout, cache dtype, block size, head size): the ISA layouts vLLM picks on x86, plus plain.
 CONFIGS = [

@@ -6,8 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.random_trees import random_tree
 from vllm_treespec.tree import DraftTree, TreeBatch
-from vllm_treespec.tree.testing import random_tree
 
 
 @settings(max_examples=40, deadline=None)

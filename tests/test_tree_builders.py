@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.random_trees import hashed_expander, random_depth_table, random_ngram
 from vllm_treespec.tree import (BUILDERS, BuildError, DepthTable, DraftTree, Expander, build_tree,
                                 builder_params, make_scorer)
-from vllm_treespec.tree.testing import hashed_expander, random_depth_table, random_ngram
 
 BACKENDS = ("python", "cpp")
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.random_trees import random_tree
 from vllm_treespec.tree import DraftTree, TreeValidationError
-from vllm_treespec.tree.testing import random_tree
 
 
 def ancestors_by_walking(tree: DraftTree) -> np.ndarray:

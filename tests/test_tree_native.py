@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.random_trees import random_depth_table, random_ngram
 from vllm_treespec.native import native
 from vllm_treespec.tree import DraftTree, NgramTable, build_tree
-from vllm_treespec.tree.testing import random_depth_table, random_ngram
 from conftest import run_in_threads
 
 C = native()

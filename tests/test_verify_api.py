@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from harness.accept_latency import accept_latency
+from support.verify_cases import random_tree_batch
 from vllm_treespec.verify import SamplingParamsBatch, accept
-from vllm_treespec.verify.bench import accept_latency
-from vllm_treespec.verify.testing import random_tree_batch
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

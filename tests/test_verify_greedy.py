@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
+from support.verify_cases import biased_logits, greedy_reference, random_tree_batch
 from vllm_treespec.verify import SamplingParamsBatch, accept
-from vllm_treespec.verify.testing import biased_logits, greedy_reference, random_tree_batch
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

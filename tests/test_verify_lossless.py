@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_treespec.verify import SamplingParamsBatch, accept, target_probs
-from vllm_treespec.verify.testing import (
+from support.verify_cases import (
     chi_square_pvalue,
     emitted_distribution,
     encode_rows,
     encode_sequence,
 )
+from vllm_treespec.verify import SamplingParamsBatch, accept, target_probs
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

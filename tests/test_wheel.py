@@ -89,8 +89,8 @@ def test_cli_from_the_wheel_checks_a_preset(installed, tmp_path):
 
 @pytest.mark.e2e
 def test_wheel_serves_prompt_lookup_from_outside_the_checkout(installed, tmp_path, monkeypatch, tiny_model):
-    from vllm_treespec.serving import complete, serve
-    from vllm_treespec.comparison import treespec
+    from harness.comparison import treespec
+    from harness.serving import complete, serve
 
     monkeypatch.chdir(tmp_path)
     with serve(tiny_model, treespec(4, "prompt-lookup").args, env={"PYTHONPATH": str(installed)},

@@ -6,7 +6,6 @@
                                                        first request (vllm_treespec/preflight.py)
   vllm-treespec config show CONFIG                     the config with its presets merged in (YAML)
   vllm-treespec config reference                       the config reference table
-  vllm-treespec demo [--quick]                         serve the code-LM fixture, spec off vs on
   vllm-treespec fixtures NAME                          build or reuse a fixture, print its dir
   vllm-treespec ngram ... / train ...                  trie files and draft-head training
   vllm-treespec --version
@@ -14,6 +13,8 @@
 `serve` and `config check` exit with the same code for the same failure (preflight.EXIT_*):
 0 ok, 2 bad command line, 3 bad config, 4 a file the config names is missing or corrupt, 5 a file
 made for another model, 6 vLLM missing or not the supported version.
+
+The demo is not a subcommand: it runs from a checkout (`make demo`, benchmarks/demo.py).
 """
 from __future__ import annotations
 
@@ -57,12 +58,6 @@ def cmd_config(ns: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_demo(ns: argparse.Namespace) -> int:
-    from vllm_treespec.demo import run_demo
-
-    return run_demo(quick=ns.quick)
-
-
 def build_parser() -> argparse.ArgumentParser:
     from vllm_treespec.fixtures import FIXTURES
 
@@ -74,9 +69,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("serve", help="vLLM's OpenAI server: vllm-treespec serve MODEL [vllm serve flags]",
                    add_help=False)
-    demo = sub.add_parser("demo", help="serve the code-LM fixture with speculation off and on; print the speedup")
-    demo.add_argument("--quick", action="store_true", help="fewer prompts (a smoke run)")
-    demo.set_defaults(func=cmd_demo)
     fx = sub.add_parser("fixtures", help="build or reuse a fixture model; prints its directory last")
     fx.add_argument("name", choices=sorted(FIXTURES))
     fx.set_defaults(func=cmd_fixtures)

@@ -68,7 +68,8 @@ def build_beam(candidates, budget: int, *, width: int = DART_WIDTH,
 
 def beam_python(cand, budget: int, depth: int, per_level: list[int], width: int,
                 scoring: Scoring, early_stop: bool) -> DraftTree:
-    """Reference implementation (same float64 ops and tie-breaks as the C++ one)."""
+    """The Python builder: the only one for an Expander or a custom scorer, and for DepthTables
+    the twin of the C++ one (same float64 ops and tie-breaks)."""
     table = cand if isinstance(cand, DepthTable) else None
     # Creation-ordered node columns, root first (id = index).
     chunks: dict[str, list[np.ndarray]] = {f: [] for f in

@@ -92,16 +92,10 @@ def best_first_steps(candidates, budget: int, *, topk: int | Sequence[int] | Non
     return best_first_python_steps(cand, budget, depth, per_level, scoring, greedy_spine, prefetch)
 
 
-def best_first_python(cand, budget: int, depth: int, per_level: list[int], scoring: Scoring,
-                      greedy_spine: bool) -> DraftTree:
-    """Reference implementation (same order of float ops and tie-breaks as the C++ one)."""
-    return drive(best_first_python_steps(cand, budget, depth, per_level, scoring, greedy_spine),
-                 cand)
-
-
 def best_first_python_steps(cand, budget: int, depth: int, per_level: list[int],
                             scoring: Scoring, greedy_spine: bool, prefetch: int = 1) -> Steps:
-    """The reference implementation as a step generator (`best_first_python` drives it)."""
+    """The Python builder as a step generator: the only one for an Expander or a custom scorer,
+    and for DepthTables the twin of the C++ one (same order of float ops and tie-breaks)."""
     table = cand if isinstance(cand, DepthTable) else None
     nodes = Nodes(cand.root)
     pos, pospath, key = [0], [()], [math.inf]

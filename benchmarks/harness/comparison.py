@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from vllm_treespec.serving import LoadResult, SpecMetrics, run_load, scrape_spec_metrics, serve
+from harness.serving import LoadResult, SpecMetrics, run_load, scrape_spec_metrics, serve
 
 NGRAM_MIN = 1   # the n-gram range of the `prompt-lookup` preset; vLLM's ngram uses the same
 NGRAM_MAX = 4

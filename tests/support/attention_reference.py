@@ -2,7 +2,8 @@
 
 The cache is read one slot at a time with the element formulas written out from vLLM's
 csrc/cpu/cpu_attn_{vec,amx}.hpp, and visibility comes from walking ``parents``, so neither the
-layout description in cpu_kv_layout nor the ancestor bitmask is trusted here.
+layout description in cpu_kv_layout nor the ancestor bitmask is trusted here. The caches
+themselves (block tables, the key/value split) come from benchmarks/harness/paged_cache.py.
 """
 from __future__ import annotations
 
@@ -10,14 +11,8 @@ import torch
 
 from vllm_treespec.attention.cpu_kv_layout import slot_element_offsets
 
-__all__ = ["split_kv", "poisoned_cache", "random_block_table", "logical_slots", "write_slots",
-           "read_slot_reference", "tree_attention_reference"]
-
-
-def split_kv(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """key_cache, value_cache views of a layer cache, exactly as vLLM's CPU backend makes them."""
-    nb, hkv, bs, d2 = kv_cache.shape
-    return kv_cache.view(nb, hkv, 2 * bs, d2 // 2).chunk(2, dim=2)
+__all__ = ["poisoned_cache", "logical_slots", "write_slots", "read_slot_reference",
+           "tree_attention_reference"]
 
 
 def poisoned_cache(num_blocks: int, num_kv_heads: int, block_size: int, head_size: int,
@@ -25,20 +20,6 @@ def poisoned_cache(num_blocks: int, num_kv_heads: int, block_size: int, head_siz
     """A layer cache full of NaN, so any read of a slot nobody wrote shows up in the output."""
     return torch.full((num_blocks, num_kv_heads, block_size, 2 * head_size), float("nan"),
                       dtype=dtype)
-
-
-def random_block_table(gen: torch.Generator, blocks_per_req: list[int], num_blocks: int,
-                       width: int) -> torch.Tensor:
-    """int32 [B, width]: disjoint shuffled physical blocks; unused columns point at random
-    (possibly poisoned, possibly other requests') blocks, as stale vLLM tables may."""
-    perm = torch.randperm(num_blocks, generator=gen)
-    table = torch.randint(0, num_blocks, (len(blocks_per_req), width), generator=gen)
-    start = 0
-    for r, n in enumerate(blocks_per_req):
-        table[r, :n] = perm[start:start + n]
-        start += n
-    assert start <= num_blocks
-    return table.to(torch.int32)
 
 
 def logical_slots(block_table_row: torch.Tensor, positions: torch.Tensor, block_size: int

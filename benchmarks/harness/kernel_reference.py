@@ -1,4 +1,5 @@
-"""Torch references for the kernels in this package (the tests' ground truth; no Triton).
+"""Torch references for the kernels of vllm_treespec/kernels (the tests' ground truth and
+bench_kernels' sanity check; no Triton).
 
 They are written the plain way and read nothing the kernels compute: attention visibility is
 walked from ``parents`` (not decoded from the ancestor bitmask) and evaluated in float64;

@@ -6,7 +6,7 @@ node so walks go deep, which is the expensive case. Sampled modes default to tem
 top-k 50, top-p 0.95: top-p takes vLLM's sort-based filter path, one full-vocabulary sort per
 visited row, which dominates; pass top_p=1.0 to see the cost of the rules themselves.
 
-    python -m vllm_treespec.verify.bench
+    python benchmarks/harness/accept_latency.py [THREADS]
 """
 from __future__ import annotations
 

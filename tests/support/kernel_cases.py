@@ -1,48 +1,14 @@
-"""Test helpers for the kernels: which mode Triton runs in, random paged-KV cases (no Triton).
-
-Without a GPU the kernels run in Triton's CPU interpreter, which triton 3.9 selects per
-``@triton.jit`` decoration from ``TRITON_INTERPRET``; its own library kernels (``tl.sum``,
-``tl.cdiv``, ...) are decorated when triton is first imported, and an interpreted kernel cannot
-call compiled-mode ones. So the variable must be set before anything imports triton (vLLM does
-on import): tests/conftest.py sets it for the session when there is no CUDA device.
+"""Random paged-KV verification cases for the kernel tests (no Triton), and a poison fill that
+shows what a kernel forgets to write. Whether Triton can run here: benchmarks/harness/triton_mode.py.
 """
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-__all__ = ["interpreted", "triton_mode_problem", "PagedTreeCase", "paged_tree_case", "poison_"]
-
-
-def interpreted() -> bool:
-    """True when kernels must run in Triton's CPU interpreter (no CUDA device)."""
-    return not torch.cuda.is_available()
-
-
-def triton_mode_problem() -> str | None:
-    """Why the kernels cannot run here (a skip message), or None when they can."""
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return "triton is not installed"
-    if not interpreted():
-        return None
-    from triton import knobs
-
-    if not knobs.runtime.interpret:
-        return "no CUDA device and TRITON_INTERPRET is not 1 (tests/conftest.py sets it)"
-    if "triton.language" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        return "TRITON_INTERPRET changed after triton was imported"
-    from triton.language import standard
-
-    if type(standard.cdiv).__name__ != "InterpretedFunction":
-        return ("triton was imported before TRITON_INTERPRET=1 was set, so its library "
-                "kernels are not interpretable; set it before anything imports triton")
-    return None
+__all__ = ["PagedTreeCase", "paged_tree_case", "poison_"]
 
 
 def poison_(x: torch.Tensor) -> torch.Tensor:
@@ -69,9 +35,9 @@ def paged_tree_case(seed: int, sizes: list[int], prefixes: list[int], hq: int, h
                     causal: list[bool] | None = None, device: str = "cpu") -> PagedTreeCase:
     """Random trees (chains for ``causal`` requests), a shuffled block table and a cache where
     exactly each request's prefix + tree slots hold data; every other slot is NaN."""
-    from vllm_treespec.attention.testing import random_block_table
+    from harness.paged_cache import random_block_table
+    from harness.random_trees import random_tree
     from vllm_treespec.tree import DraftTree, TreeBatch
-    from vllm_treespec.tree.testing import random_tree
 
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)

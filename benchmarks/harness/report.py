@@ -1,6 +1,6 @@
 """What a results record says about where it was measured, and plain-text tables.
 
-Shared by `vllm-treespec demo` and `benchmarks/bench_serving.py` so both print the same hardware
+Shared by the demo (benchmarks/demo.py) and the benchmark scripts so both print the same hardware
 line and table layout, and every JSON record carries the same provenance (docs/design.md section 10).
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def cpu_model() -> str:

@@ -1,19 +1,22 @@
-"""`vllm-treespec demo`: serve the code-LM fixture with speculation off, then with treespec's best
+"""`make demo`: serve the code-LM fixture with speculation off, then with treespec's best
 1-client preset (`lookup-trie-distilled`: lookup-trie chains over the fixture's self-distilled
 trie), on the same held-out code prompts through the OpenAI endpoint, and print the speedup.
 
 It is the one-command proof that the plugin is lossless (greedy outputs identical to no
 speculation; the exit code is non-zero otherwise) and what it buys on this machine.
+
+    .venv/bin/python benchmarks/demo.py [--quick]       # what `make demo` runs
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
 
-from vllm_treespec.comparison import all_match, no_spec, run_comparison, summarize, treespec
-from vllm_treespec.report import fmt_float, fmt_match, fmt_ratio, format_table, hardware_line
-from vllm_treespec.serving import ServerError
+from harness.comparison import all_match, no_spec, run_comparison, summarize, treespec
+from harness.report import fmt_float, fmt_match, fmt_ratio, format_table, hardware_line
+from harness.serving import ServerError
 
 DEMO_PRESET = "demo/lookup-trie-distilled"
 DEMO_K = 32
@@ -85,3 +88,14 @@ def run_demo(quick: bool = False) -> int:
         return 1
     print(f"OK: greedy outputs identical to speculation off ({name} fixture)")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="serve the code-LM fixture with speculation off and on; "
+                                            "print the speedup")
+    p.add_argument("--quick", action="store_true", help="fewer prompts (a smoke run)")
+    return run_demo(quick=p.parse_args(argv).quick)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
