@@ -1,17 +1,20 @@
-"""The built wheel is what an operator installs: it must carry the presets and serve from
-outside the checkout.
+"""The built wheel is what an operator installs: it must carry the presets, serve from outside
+the checkout, and hold nothing of the lab (harness, demo, test helpers, references).
 
 One module-scoped build (`pip wheel --no-deps`, compiling the C++ extension: about a minute on
-the 2-core VM), installed with `pip install --no-deps --target` into an empty directory; every
-check then runs in a directory outside the checkout with only that directory in front of
-site-packages (vLLM and torch come from the environment, as they would beside a real install).
+the 2-core VM), listed as it is, then installed with `pip install --no-deps --target` into an
+empty directory; every other check runs in a directory outside the checkout with only that
+directory in front of site-packages (vLLM and torch come from the environment, as they would
+beside a real install).
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -20,20 +23,47 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
+# What the lab keeps out of the package (benchmarks/harness/, benchmarks/demo.py, tests/support/):
+# any of these paths in the wheel fails test_the_wheel_holds_no_lab_module.
+LAB_FILES = re.compile(r"""^vllm_treespec/(
+      (serving|comparison|report|demo)\.py             # the serving/benchmark harness and demo
+    | verify/bench\.py                                 # the acceptance-rule timer
+    | (.+/)?testing\.py                                # test helpers
+    | (.+/)?reference\.py                              # plain references of the fast paths
+    )$""", re.X)
+
+
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Path:
+def wheel(tmp_path_factory) -> Path:
     wheels = tmp_path_factory.mktemp("wheels")
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                             "--disable-pip-version-check", "-q", "-w", str(wheels), str(ROOT)],
                            capture_output=True, text=True, timeout=1200)
     assert build.returncode == 0, build.stderr[-3000:]
-    (wheel,) = wheels.glob("vllm_treespec-*.whl")
+    (built,) = wheels.glob("vllm_treespec-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory) -> Path:
     target = tmp_path_factory.mktemp("site")
     install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check",
                               "-q", "--target", str(target), str(wheel)], capture_output=True, text=True,
                              timeout=600)
     assert install.returncode == 0, install.stderr[-3000:]
     return target
+
+
+def test_the_wheel_holds_no_lab_module(wheel):
+    """Only the package: no harness, demo, test helper or reference module, nothing from
+    benchmarks/ or tests/ (and the listing is the real one: the package's own modules are there)."""
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {"vllm_treespec/cli.py", "vllm_treespec/plugin.py", "vllm_treespec/verify/accept.py"} <= set(names)
+    assert any(re.fullmatch(r"vllm_treespec/_C\..*\.so", n) for n in names), "no compiled extension"
+    lab = [n for n in names if LAB_FILES.match(n)]
+    assert not lab, f"lab modules in the wheel: {lab}"
+    outside = [n for n in names if not re.match(r"vllm_treespec(/|-[^/]+\.dist-info/)", n)]
+    assert not outside, f"files outside the package in the wheel: {outside}"
 
 
 def _outside(installed: Path, tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
