@@ -92,9 +92,10 @@ def acceptance_generators(table: dict[str, torch.Generator], req_ids: Sequence[s
 
 
 def _layout(step: TreeStep, include: np.ndarray | None) -> tuple[Any, ...]:
-    """(offsets, tokens, parents, depth, logit_rows, q_rows) of the batch requests accept() verifies:
-    their trees, or root-only trees for requests without drafts. include: sorted batch rows;
-    None = every request (then logit_rows is None: all logits rows, in order, no gather copy)."""
+    """(offsets, tokens, parents, depth, logit_rows, q_rows) of the batch requests accept_trees
+    verifies: their trees, or root-only trees for requests without drafts. include: sorted batch
+    rows; None = every request (then logit_rows is None: all logits rows, in order, no gather
+    copy)."""
     t = step.trees
     if include is None and step.num_trees == step.num_reqs:
         # every request drafted (the usual decode step): the step's trees are the layout
