@@ -25,7 +25,8 @@ def accept_greedy(tree: Any, logits: torch.Tensor, max_depth: int | None = None)
         raise ValueError(f"logits has {logits.shape[0]} rows but the tree batch has "
                          f"{layout.num_rows} nodes")
     if max_depth is not None and max_depth < layout.max_depth:
-        raise ValueError(f"max_depth={max_depth} is smaller than the deepest node ({layout.max_depth})")
+        raise ValueError(f"max_depth={max_depth} is smaller than the deepest node "
+                         f"({layout.max_depth})")
     width = (layout.max_depth if max_depth is None else max_depth) + 1
     b = layout.num_requests
     target = logits.to(torch.float32).argmax(dim=-1).tolist()
