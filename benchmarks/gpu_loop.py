@@ -501,9 +501,9 @@ def _tree_step(dev: torch.device, kv: PagedKV, trees: list[Any], active: np.ndar
 
 
 def _slot_pairs(step: Step, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    from vllm_treespec.kernels.kv_compaction import accepted_slot_pairs
+    from vllm_treespec.verify.slot_moves import slot_moves
 
-    return accepted_slot_pairs(step.slots, step.q_offsets, nodes)
+    return slot_moves(step.slots, step.q_offsets, nodes)
 
 
 # ---------------------------------------------------------------------------- comparison

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from harness.kernel_reference import compact_kv_reference
+from support.greedy_reference import accept_greedy
 from support.verify_cases import random_tree_batch
 from vllm_treespec.kernels import cuda_ops
 from vllm_treespec.kernels.kv_compaction import KVLayers
-from vllm_treespec.verify.accept import accept
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and cuda_ops.available()),
                                 reason="needs a CUDA GPU and vllm_treespec._C_cuda "
@@ -30,7 +30,7 @@ def test_greedy_accept_matches_torch_rule(seed, sizes):
         for i in range(offs[b] + 1, offs[b + 1]):
             if rng.random() < 0.6:
                 logits[offs[b] + int(pars[i]), int(toks[i])] += 10.0
-    want = accept(tree, logits, mode="greedy")
+    want = accept_greedy(tree, logits)
     got = cuda_ops.greedy_tree_accept(tree["offsets"].cuda(), toks.cuda(), pars.cuda(),
                                       logits.argmax(1).cuda(), want.emitted.shape[1])
     for g, w in zip(got, (want.emitted, want.accepted_nodes, want.num_emitted)):

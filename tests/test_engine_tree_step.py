@@ -186,9 +186,10 @@ def test_eligibility_reasons():
     assert tree_blocker(None, 0) == "no_sampling_params"
 
 
-def test_greedy_walk_equals_accept_greedy_on_random_trees():
-    from vllm_treespec.engine.tree_verifier import greedy_walk
-    from vllm_treespec.verify import accept
+def test_greedy_walk_equals_the_torch_rule_on_random_trees():
+    from support.greedy_reference import accept_greedy
+
+    from vllm_treespec.verify import greedy_walk
     from support.verify_cases import random_tree_batch
 
     rng = np.random.default_rng(0)
@@ -196,7 +197,7 @@ def test_greedy_walk_equals_accept_greedy_on_random_trees():
         sizes = rng.integers(1, 40, size=int(rng.integers(1, 8))).tolist()
         tree = random_tree_batch(rng, sizes, vocab=6, max_children=3)
         logits = torch.randn(int(tree["offsets"][-1]), 6, generator=torch.Generator().manual_seed(trial))
-        ref = accept(tree, logits, mode="greedy")
+        ref = accept_greedy(tree, logits)
         width = ref.emitted.shape[1]
         walk = greedy_walk(tree["offsets"], tree["tokens"], tree["parents"], logits, width)
         assert torch.equal(walk.emitted, ref.emitted) and torch.equal(walk.accepted_nodes, ref.accepted_nodes)
@@ -248,12 +249,12 @@ def test_plan_maps_draft_q_rows_through_the_cut():
 def test_verify_uses_rrs_exactly_when_sampled_nodes_have_q(monkeypatch):
     from vllm import SamplingParams
 
-    from vllm_treespec.engine import tree_verifier
+    from vllm_treespec.verify import decide
 
     calls = []
 
     def spy(rule):
-        real = getattr(tree_verifier, rule)
+        real = getattr(decide, rule)
 
         def call(*args, **kwargs):
             calls.append((rule, kwargs))
@@ -261,7 +262,7 @@ def test_verify_uses_rrs_exactly_when_sampled_nodes_have_q(monkeypatch):
         return call
 
     for rule in ("accept_rrs", "accept_target_only"):
-        monkeypatch.setattr(tree_verifier, rule, spy(rule))
+        monkeypatch.setattr(decide, rule, spy(rule))
     step = _plan_q({"a": [4, 5, 6]}, {"a": _draft_probs([0, -1, 1, -1])})
     logits = torch.randn(6, 16)
     sampled = [SamplingParams(temperature=1.0)] * 3

@@ -314,7 +314,8 @@ def test_branching_tree_steps_never_dispatch_full_graphs():
 
 
 # -- acceptance and compaction on the device path -----------------------------------------------
-def test_device_greedy_walk_equals_the_host_walk(monkeypatch):
+def test_device_greedy_walk_equals_the_host_walk():
+    from vllm_treespec.verify.greedy import device_greedy_walk, host_greedy_walk
     from support.verify_cases import random_tree_batch
 
     rng = np.random.default_rng(1)
@@ -324,12 +325,10 @@ def test_device_greedy_walk_equals_the_host_walk(monkeypatch):
         logits = torch.randn(int(tree["offsets"][-1]), 5, generator=torch.Generator().manual_seed(trial))
         for width in (max(sizes), 3):             # full depth, and paths cut at 3 tokens
             args = (tree["offsets"], tree["tokens"], tree["parents"], logits, width)
-            monkeypatch.setattr(device_verify, "wanted", lambda t: False)
-            host = tree_verifier.greedy_walk(*args)
-            monkeypatch.setattr(device_verify, "wanted", lambda t: True)
-            dev = tree_verifier.greedy_walk(*args)
-            assert torch.equal(dev.emitted, host.emitted)
-            assert torch.equal(dev.accepted_nodes, host.accepted_nodes)
+            host = host_greedy_walk(*args)
+            dev = device_greedy_walk(*args)
+            for field in ("emitted", "num_emitted", "accepted_nodes", "accepted_rows"):
+                assert torch.equal(getattr(dev, field), getattr(host, field))
 
 
 def _fake_runner(caches):
@@ -339,8 +338,9 @@ def _fake_runner(caches):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_device_compaction_moves_what_the_host_path_moves(monkeypatch, dtype):
+def test_device_compaction_moves_what_the_host_path_moves(dtype):
     from vllm_treespec.engine.runner_state import device_kv
+    from vllm_treespec.verify import greedy_walk
 
     step = _mixed_batch(6, torch.float32)[0]
     gen = torch.Generator().manual_seed(6)
@@ -359,7 +359,7 @@ def test_device_compaction_moves_what_the_host_path_moves(monkeypatch, dtype):
             logits[start + int(parents[node]), int(step.trees.tokens[start + node])] += 100
             node = int(parents[node])
     width = step.max_num_draft + 1
-    walk = tree_verifier.greedy_walk(offsets, step.trees.tokens, step.trees.parents, logits, width)
+    walk = greedy_walk(offsets, step.trees.tokens, step.trees.parents, logits, width)
     src, dst = tree_verifier.accepted_moves(step, walk.accepted_nodes)        # the host path's
     assert src.numel() > 0
 

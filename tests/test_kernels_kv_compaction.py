@@ -1,8 +1,8 @@
 """Triton KV compaction against the gather-then-scatter reference (CPU: interpreter).
 
 Moves come from real acceptance (greedy walk over random trees with biased logits) through
-verify.kv_compaction.accepted_slot_moves, the CPU path's move selector, so the kernel is held to
-the same semantics; aliasing chains (every move's destination is the previous move's source)
+verify.slot_moves.slot_moves, the one move rule the CPU and device paths share, checked here
+against the rule written out per request; aliasing chains (every move's destination is the previous move's source)
 are checked with chunk sizes that split them across chunks.
 """
 from __future__ import annotations
@@ -11,21 +11,17 @@ import numpy as np
 import pytest
 import torch
 
-from harness.kernel_reference import compact_kv_reference
 from harness.paged_cache import random_block_table
+from harness.kernel_reference import compact_kv_reference
 from harness.triton_mode import triton_mode_problem
+from vllm_treespec.verify import greedy_walk
+from vllm_treespec.verify.slot_moves import listed_moves, slot_moves
 from support.verify_cases import random_tree_batch
-from vllm_treespec.verify.accept import accept
-from vllm_treespec.verify.kv_compaction import accepted_slot_moves
 
 if (_why := triton_mode_problem()) is not None:
     pytest.skip(_why, allow_module_level=True)
 
-from vllm_treespec.kernels.kv_compaction import (  # noqa: E402
-    KVLayers,
-    accepted_slot_pairs,
-    compact_kv,
-)
+from vllm_treespec.kernels.kv_compaction import KVLayers, compact_kv  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -37,7 +33,8 @@ def _random_caches(gen, layers, shape, dtype):
 
 
 def _step(seed, sizes, prefixes, block_size, follow=0.9):
-    """Trees, an accepted path per request, the block table and the rows' slot mapping."""
+    """Trees, an accepted path per request, the rows' slot mapping (through a random block
+    table) and the number of cache blocks."""
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)
     tree = random_tree_batch(rng, sizes, vocab=6, max_children=2)
@@ -46,14 +43,27 @@ def _step(seed, sizes, prefixes, block_size, follow=0.9):
         if par >= 0 and rng.random() < follow:
             start = int(tree["offsets"][torch.searchsorted(tree["offsets"], i, right=True) - 1])
             logits[start + par, tree["tokens"][i]] += 5.0 + rng.random()
-    res = accept(tree, logits, mode="greedy")
+    res = greedy_walk(tree["offsets"], tree["tokens"], tree["parents"], logits, max(sizes))
     need = [-(-(p + n) // block_size) for p, n in zip(prefixes, sizes)]
     table = random_block_table(gen, need, sum(need) + 2, max(need) + 1)
     slot_mapping = torch.cat([
         table[r].to(torch.int64)[(p + torch.arange(n)) // block_size] * block_size
         + (p + torch.arange(n)) % block_size
         for r, (p, n) in enumerate(zip(prefixes, sizes))])
-    return tree, res, table, slot_mapping, sum(need) + 2
+    return tree, res, slot_mapping, sum(need) + 2
+
+
+def _moves_by_hand(slot_mapping, offsets, nodes):
+    """The move rule written out: node i_j (column j - 1) of request r goes to node j's slot
+    unless i_j == j; request order, j ascending."""
+    src, dst = [], []
+    for r, path in enumerate(nodes.tolist()):
+        start = int(offsets[r])
+        for j, node in enumerate(path, start=1):
+            if node >= 0 and node != j:
+                src.append(int(slot_mapping[start + node]))
+                dst.append(int(slot_mapping[start + j]))
+    return torch.tensor(src, dtype=torch.int64), torch.tensor(dst, dtype=torch.int64)
 
 
 @pytest.mark.parametrize("seed,dtype,heads,d,block_size,block_j", [
@@ -63,14 +73,15 @@ def _step(seed, sizes, prefixes, block_size, follow=0.9):
 ])
 def test_matches_reference_on_accepted_paths(seed, dtype, heads, d, block_size, block_j):
     sizes, prefixes = [1, 12, 40, 7, 25], [0, 5, 17, 9, 30]
-    tree, res, table, slot_mapping, num_blocks = _step(seed, sizes, prefixes, block_size)
-    src, dst = accepted_slot_pairs(slot_mapping.to(DEVICE), tree["offsets"].to(DEVICE),
-                                   res.accepted_nodes.to(DEVICE))
-    ref_src, ref_dst = accepted_slot_moves(tree["offsets"], res.accepted_nodes,
-                                           torch.tensor(prefixes), table, block_size)
+    tree, res, slot_mapping, num_blocks = _step(seed, sizes, prefixes, block_size)
+    src, dst = slot_moves(slot_mapping.to(DEVICE), tree["offsets"].to(DEVICE),
+                          res.accepted_nodes.to(DEVICE))
+    ref_src, ref_dst = _moves_by_hand(slot_mapping, tree["offsets"], res.accepted_nodes)
     assert ref_src.numel() > 0
-    # the device-side pairs are the CPU path's moves, padded per request
+    # the device-side pairs are the rule's moves, padded per request; the host's list is theirs
     assert torch.equal(src[src >= 0].cpu(), ref_src) and torch.equal(dst[dst >= 0].cpu(), ref_dst)
+    host = listed_moves(*slot_moves(slot_mapping, tree["offsets"], res.accepted_nodes))
+    assert torch.equal(host[0], ref_src) and torch.equal(host[1], ref_dst)
 
     gen = torch.Generator().manual_seed(seed)
     caches = _random_caches(gen, 3, (num_blocks, block_size, heads, d), dtype)
@@ -89,7 +100,7 @@ def test_alias_chain_across_chunks(block_j):
     nodes = torch.tensor([[2, 3, 4, 5, 6, 7, 8, 9, -1], [1, 3, 4, -1, -1, -1, -1, -1, -1]])
     offsets = torch.tensor([0, 10, 15])
     slot_mapping = torch.cat([torch.arange(3, 13), torch.arange(40, 45)])   # contiguous rows
-    src, dst = accepted_slot_pairs(slot_mapping, offsets, nodes)
+    src, dst = slot_moves(slot_mapping, offsets, nodes)
     caches = _random_caches(gen, 2, (8, 8, 2, 4), torch.float16)
     before = [c.clone() for c in caches]
     compact_kv(KVLayers.from_caches(caches), src.to(DEVICE), dst.to(DEVICE), block_j=block_j)

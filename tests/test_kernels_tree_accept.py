@@ -1,4 +1,5 @@
-"""Triton greedy tree acceptance is exactly verify.accept(mode="greedy") (CPU: interpreter).
+"""Triton greedy tree acceptance is exactly the torch greedy rule of tests/support/greedy_reference.py
+(CPU: interpreter).
 
 Logits are biased so that the target's argmax usually is one of the current node's children:
 paths then run deep (down to whole 256-node chains), not just root + bonus.
@@ -10,9 +11,9 @@ import pytest
 import torch
 
 from harness.triton_mode import triton_mode_problem
+from support.greedy_reference import accept_greedy
 from support.kernel_cases import poison_
 from support.verify_cases import biased_logits, random_tree_batch
-from vllm_treespec.verify.accept import accept
 from vllm_treespec.verify.sampling_params import greedy_tokens
 
 if (_why := triton_mode_problem()) is not None:
@@ -38,7 +39,7 @@ def test_matches_torch_greedy_rule(seed, sizes, vocab, max_children):
     for follow in (0.3, 0.95):
         tree = _tree(rng, sizes, vocab, max_children)
         logits = biased_logits(rng, tree, vocab, follow, boost=10.0)
-        want = accept(tree, logits, mode="greedy")
+        want = accept_greedy(tree, logits)
         width = want.emitted.shape[1]
         dev = {k: v.to(DEVICE) for k, v in tree.items()}
         got = greedy_tree_accept(dev["offsets"], dev["tokens"], dev["parents"],
@@ -56,7 +57,7 @@ def test_int32_inputs_and_width_cut():
     rng = np.random.default_rng(4)
     tree = _tree(rng, [40, 12, 1], 4, 2)
     logits = biased_logits(rng, tree, 4, 1.0, boost=10.0)
-    full = accept(tree, logits, mode="greedy")
+    full = accept_greedy(tree, logits)
     i32 = {k: v.to(torch.int32).to(DEVICE) for k, v in tree.items()}
     target = greedy_tokens(logits).to(torch.int32).to(DEVICE)
     for width in (1, 2, 3):

@@ -16,7 +16,53 @@ from harness.random_trees import random_tree
 from support.attention_reference import logical_slots, poisoned_cache, read_slot_reference, write_slots
 from vllm_treespec.attention.tree_attention_cpu import gather_paged_kv, tree_attention
 from vllm_treespec.tree import DraftTree, TreeBatch
-from vllm_treespec.verify.kv_compaction import accepted_slot_moves, compact_kv
+from vllm_treespec.verify.kv_compaction import compact_kv
+from vllm_treespec.verify.slot_moves import count_moves, listed_moves, node_moves, slot_moves
+
+
+def accepted_slot_moves(offsets: torch.Tensor, accepted: torch.Tensor, num_computed: torch.Tensor,
+                        table: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The host path's moves when node i of request r was written at position
+    num_computed[r] + i of its block table (vLLM's contiguous slot mapping)."""
+    sizes = (offsets[1:] - offsets[:-1]).tolist()
+    slots = torch.cat([logical_slots(table[r], int(num_computed[r]) + torch.arange(n), block_size)
+                       for r, n in enumerate(sizes)])
+    return listed_moves(*slot_moves(slots, offsets, accepted))
+
+
+def test_move_rule_by_hand():
+    """Node i_j (column j - 1) goes to node j unless i_j == j; -1 where nothing moves."""
+    nodes = torch.tensor([[2, 5, -1], [1, 2, -1], [1, 3, 4]])
+    src, dst = node_moves(nodes)
+    assert src.tolist() == [[2, 5, -1], [-1, -1, -1], [-1, 3, 4]]
+    assert dst.tolist() == [[1, 2, -1], [-1, -1, -1], [-1, 2, 3]]
+    assert count_moves(nodes) == count_moves(nodes.numpy()) == 4
+    slots = torch.arange(100, 115)                     # rows 0-5, 6-8, 9-14
+    s, d = slot_moves(slots, torch.tensor([0, 6, 9, 15]), nodes)
+    assert s.tolist() == [[102, 105, -1], [-1, -1, -1], [-1, 112, 113]]
+    assert d.tolist() == [[101, 102, -1], [-1, -1, -1], [-1, 111, 112]]
+    assert [x.tolist() for x in listed_moves(s, d)] == [[102, 105, 112, 113], [101, 102, 111, 112]]
+
+
+def test_move_rule_is_the_same_in_numpy_and_torch():
+    """The rule runs in numpy on the host and in torch on a device: both branches agree (torch's
+    on CPU tensors here, as on a GPU)."""
+    from vllm_treespec.verify.slot_moves import _slot_pairs
+
+    rng = np.random.default_rng(3)
+    sizes = rng.integers(1, 12, size=7)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    slots = rng.permutation(200)[: offsets[-1]]
+    nodes = np.full((7, 6), -1, dtype=np.int64)
+    for r, n in enumerate(sizes):                  # increasing paths with i_j >= j
+        path = np.sort(rng.choice(np.arange(1, n), size=min(n - 1, rng.integers(0, 6)),
+                                  replace=False)) if n > 1 else []
+        nodes[r, :len(path)] = path
+    host = _slot_pairs(slots, offsets, nodes)
+    device = _slot_pairs(*(torch.from_numpy(x) for x in (slots, offsets, nodes)))
+    for h, d in zip(host, device):
+        assert isinstance(d, torch.Tensor) and d.tolist() == h.tolist()
+    assert (host[0] >= 0).sum() == count_moves(nodes) > 0
 
 
 def test_slot_moves_by_hand():

@@ -140,7 +140,9 @@ def test_tree_input_forms_agree():
         (tree["offsets"].tolist(), tree["tokens"].numpy(), tree["parents"].tolist(), depth),
         SimpleNamespace(**tree, depth=depth, ancestor_mask=None, logprob=None),
     ]
-    results = [accept(f, logits, mode="greedy").emitted for f in forms]
+    params = SamplingParamsBatch.from_lists([0.0, 1.0])      # a greedy and a sampled request
+    results = [accept(f, logits, mode="target_only", sampling=params,
+                      generators=[None, torch.Generator().manual_seed(3)]).emitted for f in forms]
     assert all(torch.equal(r, results[0]) for r in results)
 
 
@@ -238,12 +240,13 @@ def test_bench_smoke():
         assert all(v["median_ms"] > 0 and v["mean_emitted"] >= 1 for v in per_mode.values())
 
 
-@pytest.mark.parametrize("mode", ["target_only", "greedy"])
 @pytest.mark.parametrize("seed", range(4))
-def test_root_only_batches_sample_as_the_walk_does(mode, seed):
+def test_root_only_batches_sample_as_the_walk_does(seed):
     """A step in which no request drafted takes accept()'s root-only path; each seeded request
     must get the token (and leave its generator where) the full walk would, which the walk
-    shows when a drafted request joins the batch."""
+    shows when a drafted request joins the batch; the greedy request 0 gets the greedy walk's
+    token (the walk hands it over)."""
+    mode = "target_only"
     rng = np.random.default_rng(seed)
     n = 5
     logits = torch.tensor(rng.normal(0, 2, (n, VOCAB)), dtype=torch.float32)
@@ -291,3 +294,18 @@ def test_root_only_path_still_validates_the_tree():
            "parents": torch.tensor([-1, 0])}
     with pytest.raises(ValueError, match="invalid parent 0 at request 1"):
         accept(bad, torch.randn(2, VOCAB), mode="target_only")
+
+
+def test_verify_never_imports_the_engine_or_vllm():
+    """verify/ decides acceptance and compaction moves below the engine: importing all of it
+    pulls in neither vLLM nor vllm_treespec.engine (nor Triton, which only the CUDA path loads)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, pkgutil, importlib, vllm_treespec.verify as v;"
+            "[importlib.import_module('vllm_treespec.verify.' + m.name) "
+            " for m in pkgutil.iter_modules(v.__path__) if m.name != 'testing'];"
+            "print([m for m in sys.modules if m.split('.')[0] in ('vllm', 'triton')"
+            " or m.startswith('vllm_treespec.engine')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,15 +1,29 @@
-"""Greedy acceptance equals the brute-force longest argmax-matching path, in every mode."""
+"""Greedy acceptance equals the brute-force longest argmax-matching path: the C++ walk
+(verify.greedy_walk on the host), its test-only torch reference, and greedy requests inside a
+sampled batch (handed to the greedy walk)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
+from support.greedy_reference import accept_greedy
 from support.verify_cases import biased_logits, greedy_reference, random_tree_batch
-from vllm_treespec.verify import SamplingParamsBatch, accept
+from vllm_treespec.verify import SamplingParamsBatch, accept, greedy_walk
+from vllm_treespec.verify.tree_input import unpack_tree
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _host_walk(tree, logits, max_depth=None):
+    """verify.greedy_walk with accept_greedy's width (deepest node + 1, or max_depth + 1)."""
+    width = accept_greedy(tree, logits, max_depth).emitted.shape[1]
+    offsets, tokens, parents, _ = unpack_tree(tree, logits.device)
+    return greedy_walk(offsets, tokens, parents, logits, width)
+
+
+GREEDY_RULES = {"walk": _host_walk, "reference": accept_greedy}
 
 
 def _check_against_reference(tree, logits, res):
@@ -30,14 +44,15 @@ def _check_against_reference(tree, logits, res):
         assert width >= n
 
 
+@pytest.mark.parametrize("rule", list(GREEDY_RULES))
 @pytest.mark.parametrize("vocab", [5, 12, 64])
-def test_greedy_matches_brute_force(vocab):
+def test_greedy_matches_brute_force(vocab, rule):
     rng = np.random.default_rng(vocab)
     for _ in range(8):
         sizes = rng.integers(1, 30, size=int(rng.integers(1, 9))).tolist()
         tree = random_tree_batch(rng, sizes, vocab)
         logits = biased_logits(rng, tree, vocab, follow=0.75, boost=5.0)
-        res = accept(tree, logits, mode="greedy")
+        res = GREEDY_RULES[rule](tree, logits)
         _check_against_reference(tree, logits, res)
 
 
@@ -58,24 +73,26 @@ def test_temperature_zero_requests_are_greedy_in_stochastic_modes(mode):
         tree, logits, mode=mode, sampling=params, generators=torch.Generator().manual_seed(3),
         draft_probs=draft if mode == "rrs" else None, replacement=False if mode == "rrs" else None,
     )
-    ref = accept(tree, logits, mode="greedy")
+    ref = accept_greedy(tree, logits)
     greedy_rows = torch.tensor([t == 0.0 for t in temps])
     assert torch.equal(res.emitted[greedy_rows], ref.emitted[greedy_rows])
     assert torch.equal(res.accepted_nodes[greedy_rows], ref.accepted_nodes[greedy_rows])
 
 
-def test_greedy_ties_take_first_index_and_low_precision_logits():
+@pytest.mark.parametrize("rule", list(GREEDY_RULES))
+def test_greedy_ties_take_first_index_and_low_precision_logits(rule):
     # Root row ties between tokens 3 and 1: argmax picks 1 (first index), which is a child.
     tree = (torch.tensor([0, 3]), torch.tensor([0, 3, 1]), torch.tensor([-1, 0, 0]))
     logits = torch.zeros(3, 6, dtype=torch.bfloat16)
     logits[0, 3] = logits[0, 1] = 2.0
     logits[2, 4] = 1.0
-    res = accept(tree, logits, mode="greedy")
+    res = GREEDY_RULES[rule](tree, logits)
     assert res.emitted.tolist() == [[1, 4]]
     assert res.accepted_nodes.tolist() == [[2, -1]]
 
 
-def test_root_only_requests_emit_one_bonus_token_and_padding():
+@pytest.mark.parametrize("rule", list(GREEDY_RULES))
+def test_root_only_requests_emit_one_bonus_token_and_padding(rule):
     tree = {
         "offsets": torch.tensor([0, 1, 4, 5]),
         "tokens": torch.tensor([9, 9, 2, 3, 9]),
@@ -85,9 +102,16 @@ def test_root_only_requests_emit_one_bonus_token_and_padding():
     logits[0, 5] = 1.0  # request 0: bonus 5
     logits[1, 2] = logits[2, 3] = logits[3, 0] = 1.0  # request 1: path 2, 3 then bonus 0
     logits[4, 4] = 1.0
-    res = accept(tree, logits, mode="greedy", max_depth=4)
+    res = GREEDY_RULES[rule](tree, logits, max_depth=4)
     assert res.emitted.tolist() == [[5, -1, -1, -1, -1], [2, 3, 0, -1, -1], [4, -1, -1, -1, -1]]
     assert res.num_emitted.tolist() == [1, 3, 1]
     assert res.num_accepted.tolist() == [0, 2, 0]
     assert res.accepted_nodes.tolist()[1] == [1, 2, -1, -1, -1]
     assert res.accepted_rows.tolist()[1] == [2, 3, -1, -1, -1]
+
+
+def test_greedy_is_not_a_mode_of_accept():
+    """accept() holds the sampled rules only; the greedy rule is the greedy walk."""
+    tree = (torch.tensor([0, 1]), torch.tensor([3]), torch.tensor([-1]))
+    with pytest.raises(ValueError, match="greedy_walk"):
+        accept(tree, torch.randn(1, 5), mode="greedy")

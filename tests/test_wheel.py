@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -33,11 +34,25 @@ LAB_FILES = re.compile(r"""^vllm_treespec/(
     )$""", re.X)
 
 
+def _source_tree(dst: Path) -> Path:
+    """The checkout's files as a clean checkout has them (tracked and untracked, not ignored):
+    a build from the checkout itself would pack stale modules left in its build/ directory."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        src = ROOT / name
+        if src.is_file():
+            (dst / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst / name)
+    return dst
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     wheels = tmp_path_factory.mktemp("wheels")
+    source = _source_tree(tmp_path_factory.mktemp("source"))
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                            "--disable-pip-version-check", "-q", "-w", str(wheels), str(ROOT)],
+                            "--disable-pip-version-check", "-q", "-w", str(wheels), str(source)],
                            capture_output=True, text=True, timeout=1200)
     assert build.returncode == 0, build.stderr[-3000:]
     (built,) = wheels.glob("vllm_treespec-*.whl")

@@ -1,4 +1,5 @@
-"""Per-call latency of `accept` in each mode on synthetic trees (used by benchmarks/bench_tree.py).
+"""Per-call latency of each acceptance rule on synthetic trees (used by benchmarks/bench_tree.py):
+"greedy" is the greedy walk (greedy.py), the others `accept` in that mode.
 
 Trees are random with ``nodes`` rows per request (parents drawn among the previous 8 nodes, so
 trees are a few levels deep like budgeted draft trees); target logits are peaked on one child per
@@ -12,12 +13,16 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from vllm_treespec.verify.accept import MODES, accept
+from vllm_treespec.verify.greedy import greedy_walk
+from vllm_treespec.verify.result import AcceptResult
 from vllm_treespec.verify.sampling_params import SamplingParamsBatch
+
+RULES: tuple[str, ...] = ("greedy", *MODES)
 
 
 def synthetic_batch(
@@ -49,7 +54,7 @@ def accept_latency(
     batch_sizes: Sequence[int] = (1, 16, 64),
     nodes: int = 64,
     vocab: int = 32000,
-    modes: Sequence[str] = MODES,
+    modes: Sequence[str] = RULES,
     repeats: int = 5,
     seed: int = 0,
     threads: int | None = None,
@@ -57,7 +62,8 @@ def accept_latency(
     top_k: int = 50,
     top_p: float = 0.95,
 ) -> dict:
-    """Median latency (ms) of one `accept` call per mode and batch size, plus mean emitted tokens.
+    """Median latency (ms) of one acceptance call per rule and batch size, plus mean emitted
+    tokens.
 
     ``threads`` sets torch's intra-op threads for the run (restored after); None keeps them.
     Returns {"device", "nodes", "vocab", "threads", "results": {mode: {batch_size: {...}}}}.
@@ -90,16 +96,13 @@ def _measure(batch_sizes, nodes, vocab, modes, repeats, seed, sampling_args) -> 
             sampling = SamplingParamsBatch.from_lists(
                 [temperature] * bsz, top_k=[top_k] * bsz, top_p=[top_p] * bsz
             )
-            gen = torch.Generator().manual_seed(seed)
-            kwargs = dict(mode=mode, sampling=sampling, generators=gen)
-            if mode == "rrs":
-                kwargs.update(draft_probs=draft, replacement=False)
-            accept(tree, logits, **kwargs)  # warm-up
+            run = _rule(mode, tree, logits, draft, sampling, torch.Generator().manual_seed(seed))
+            run()  # warm-up
             times = []
             emitted = 0.0
             for _ in range(repeats):
                 start = time.perf_counter()
-                res = accept(tree, logits, **kwargs)
+                res = run()
                 times.append((time.perf_counter() - start) * 1e3)
                 emitted += float(res.num_emitted.float().mean())
             times.sort()
@@ -111,6 +114,18 @@ def _measure(batch_sizes, nodes, vocab, modes, repeats, seed, sampling_args) -> 
             del tree, logits, draft
         out["results"][mode] = per_mode
     return out
+
+
+def _rule(mode: str, tree: dict[str, torch.Tensor], logits: torch.Tensor, draft: torch.Tensor,
+          sampling: SamplingParamsBatch, gen: torch.Generator) -> Callable[[], AcceptResult]:
+    """One call of the rule named mode on this batch (the greedy walk takes its full depth)."""
+    if mode == "greedy":
+        width = int(tree["offsets"][1] - tree["offsets"][0])
+        return lambda: greedy_walk(tree["offsets"], tree["tokens"], tree["parents"], logits, width)
+    kwargs: dict = dict(mode=mode, sampling=sampling, generators=gen)
+    if mode == "rrs":
+        kwargs.update(draft_probs=draft, replacement=False)
+    return lambda: accept(tree, logits, **kwargs)
 
 
 if __name__ == "__main__":

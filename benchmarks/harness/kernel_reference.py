@@ -4,7 +4,7 @@ bench_kernels' sanity check; no Triton).
 They are written the plain way and read nothing the kernels compute: attention visibility is
 walked from ``parents`` (not decoded from the ancestor bitmask) and evaluated in float64;
 compaction gathers every source before writing any destination (always alias-safe); greedy
-acceptance is ``verify.accept(mode="greedy")`` itself (see tests/test_kernels_tree_accept.py).
+acceptance is tests/support/greedy_reference.py (see tests/test_kernels_tree_accept.py).
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@
 
 namespace treespec::cuda {
 
-// Greedy tree acceptance, one block per request (same rule as verify.accept(mode="greedy")).
+// Greedy tree acceptance, one block per request (same rule as csrc/verify/greedy_walk.cpp).
 // offsets [B+1], tokens / parents (local, -1 at roots) / target (argmax per row) [T], all int64.
 // Outputs int64: emitted [B, width], nodes [B, width] (local accepted nodes without the root),
 // both -1 padded, num_emitted [B].

@@ -4,7 +4,7 @@
 // whose token is x (siblings carry distinct tokens, so it is unique), else stop: x is the bonus
 // token. Children always come after their parent (parents[i] < i), so each level scans only the
 // nodes past the current one, spread over the block's threads; the match is published through
-// shared memory. Same outputs as kernels/tree_accept.py and verify.accept(mode="greedy").
+// shared memory. Same outputs as kernels/tree_accept.py and csrc/verify/greedy_walk.cpp.
 #include <climits>
 
 #include "launchers.h"

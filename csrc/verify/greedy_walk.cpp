@@ -1,9 +1,9 @@
 // Greedy tree acceptance walk: given the target's argmax at every node row, follow the child
 // whose token equals it from each root, emitting those tokens and then the bonus token.
 //
-// The same rule as vllm_treespec.verify.accept(mode="greedy") (tests check equality), as one
-// O(nodes) pass without the GIL: the torch version issues ~10 small ops per tree level, which
-// on CPU costs more than the whole walk.
+// The host's greedy rule (vllm_treespec/verify/greedy.py calls it; tests hold it to the torch
+// reference in tests/greedy_reference.py), as one O(nodes) pass without the GIL: a torch walk
+// issues ~10 small ops per tree level, which on CPU costs more than the whole walk.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 

@@ -1,17 +1,18 @@
-"""Greedy tree acceptance and KV compaction on the device (CUDA), with the Triton kernels.
+"""KV compaction on the device (CUDA), with the Triton kernel, and the device-path switch.
 
-On CUDA the target's logits, the KV caches and the step's slot mapping live on the GPU, so:
-- the greedy walk runs there: one argmax over the node rows, then
-  `kernels.tree_accept.greedy_tree_accept` (one program per request; no host sync);
-- the accepted path's K/V move there: `kernels.kv_compaction.accepted_slot_pairs` builds the
-  slot pairs from the slot mapping and `compact_kv` moves them in every layer in one launch per
-  cache geometry, over a pointer table (`KVLayers`) built once: vLLM never moves its caches.
-Both are queued before anything is read back; then only the accepted tokens (vLLM copies its
-sampler output to the host) and the accepted node indices ``[R, W]`` (the proposer's
+On CUDA the target's logits, the KV caches and the step's slot mapping live on the GPU, so the
+greedy walk runs there (verify/greedy.py: one argmax over the node rows, then
+`kernels.tree_accept.greedy_tree_accept`; no host sync) and so does the accepted path's K/V
+move: `verify.slot_moves.slot_moves` (the move rule every path uses) builds the slot pairs from
+the slot mapping on the device and `kernels.kv_compaction.compact_kv` moves them in every layer
+in one launch per cache geometry, over a pointer table (`KVLayers`) built once: vLLM never moves
+its caches. Both are queued before anything is read back; then only the accepted tokens (vLLM
+copies its sampler output to the host) and the accepted node indices ``[R, W]`` (the proposer's
 statistics and the drafters that read the accepted path) cross to the host.
 Sampled acceptance (verify/accept.py) stays a torch walk on the logits' device, with a host
 sync per tree level; its accepted nodes are compacted here the same way.
-The CPU path (engine/tree_verifier.py: the C++ walk, index_copy over the CPU layouts) is unchanged.
+The CPU path (engine/tree_verifier.py `compact`: index_copy over the CPU layouts) moves the same
+slots.
 """
 from __future__ import annotations
 
@@ -21,31 +22,12 @@ from typing import Any
 
 import torch
 
-__all__ = ["DeviceKV", "cache_token", "device_greedy_walk", "compact_on_device", "wanted"]
+__all__ = ["DeviceKV", "cache_token", "compact_on_device", "wanted"]
 
 
 def wanted(t: torch.Tensor) -> bool:
     """Whether the device kernels serve tensors on t's device (CUDA only; the tests force it)."""
     return t.is_cuda
-
-
-def device_greedy_walk(offsets: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
-                       logits: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(emitted, accepted_nodes) int64 [B, width] on the logits' device, -1 padded.
-
-    offsets / tokens / parents: the verified trees on the host (int64; one copy to the
-    device); logits: [T, V] node rows. Argmax as vLLM's CUDA greedy sampler (torch argmax)."""
-    from vllm_treespec.kernels.tree_accept import greedy_tree_accept
-
-    dev = logits.device
-    sizes = offsets[1:] - offsets[:-1]
-    b, t = sizes.numel(), tokens.numel()
-    flat = torch.cat([offsets, tokens, parents]).to(dev)
-    off, tok, par = torch.split(flat, [b + 1, t, t])
-    target = logits.to(torch.float32).argmax(dim=-1)
-    emitted, nodes, _ = greedy_tree_accept(off, tok, par, target, width,
-                                           max_nodes=int(sizes.max()) if b else 1)
-    return emitted, nodes
 
 
 def _kv_views(cache: torch.Tensor) -> list[torch.Tensor]:
@@ -96,9 +78,9 @@ def compact_on_device(kv: DeviceKV, slot_mapping: torch.Tensor, offsets: torch.T
     slot_mapping: int [T] slot of every tree node row (TreeStep.slot_mapping, on the caches'
     device); offsets: int64 [R+1] the step's tree offsets (host); accepted_nodes: int [R, W]
     local accepted nodes without the root, -1 padded, on the device. No host sync."""
-    from vllm_treespec.kernels.kv_compaction import accepted_slot_pairs, compact_kv
+    from vllm_treespec.kernels.kv_compaction import compact_kv
+    from vllm_treespec.verify.slot_moves import slot_moves
 
-    dev = accepted_nodes.device
-    src, dst = accepted_slot_pairs(slot_mapping.to(dev), offsets.to(dev), accepted_nodes)
+    src, dst = slot_moves(slot_mapping, offsets, accepted_nodes)
     for layers in kv.groups:
         compact_kv(layers, src, dst)

@@ -10,12 +10,15 @@ Called by the `_sample` patch every step. Two modes:
 Output is vLLM's layout: int64 [num_reqs, max_num_draft + 1], accepted tokens then the bonus
 token, padded with -1, so the scheduler's rollback and `parse_output` work unchanged.
 
-Then the accepted path's K/V are moved to the slots a chain would have used (verify/
-kv_compaction.py explains why moving is all that is needed), in every layer, before the next
-step runs. Requests whose path is the node prefix 1..a move nothing. On CUDA the greedy walk
-and the compaction run on the device with the Triton kernels (engine/device_verify.py).
+One pass down: this module lays the step's trees out (`_layout`), verify decides the accepted
+paths and tokens in one call (`verify.accept_trees`), then the accepted path's K/V are moved to
+the slots a chain would have used (verify/kv_compaction.py explains why moving is all that is
+needed; verify/slot_moves.py says which node goes where), in every layer, before the next step
+runs. Requests whose path is the node prefix 1..a move nothing. On CUDA the greedy walk
+(verify/greedy.py) and the compaction (engine/device_verify.py) run on the device with the
+Triton kernels.
 
-Sampling: greedy requests (temperature < 1e-5) take the argmax; others use the
+Sampling: greedy requests (temperature < 1e-5) take the greedy walk; others use the
 ``target_only`` rule, which emits exact samples of the target distribution for trees whose
 shape does not depend on this step's random numbers (top-k trees). Nodes whose children were
 drawn from a drafter's q (the step carries their q rows, `TreeStep.q_rows`) are verified by
@@ -42,11 +45,14 @@ import torch
 
 from vllm_treespec.engine.tree_step import TreeStep
 from vllm_treespec.tree.ancestors import local_index
-from vllm_treespec.verify import SAMPLING_EPS, SamplingParamsBatch, accept_rrs, accept_target_only
-from vllm_treespec.verify.kv_compaction import accepted_local_moves, compact_kv
+from vllm_treespec.verify import SAMPLING_EPS, accept_trees
+from vllm_treespec.verify.kv_compaction import compact_kv
+from vllm_treespec.verify.slot_moves import count_moves as count_node_moves
+from vllm_treespec.verify.slot_moves import listed_moves, slot_moves
 
 __all__ = ["acceptance_generators", "verify_step", "accepted_moves", "compact", "compact_device",
            "count_moves"]
+
 
 @dataclass(frozen=True)
 class _Greedy:
@@ -57,37 +63,6 @@ class _Greedy:
 
 
 GREEDY = _Greedy()   # sampling parameters of a row sampled greedily whatever the request asked
-
-
-@dataclass(frozen=True)
-class Walk:
-    """Greedy acceptance result in accept()'s layout (emitted, accepted local nodes; -1 padded)."""
-    emitted: torch.Tensor
-    accepted_nodes: torch.Tensor
-
-
-def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
-    """vLLM's CPU greedy op where available (same tie-breaking as spec-off decoding)."""
-    op = getattr(getattr(torch.ops, "_C", None), "greedy_argmax", None)
-    if op is not None and logits.device.type == "cpu":
-        return op(logits.to(torch.float32).contiguous())
-    return logits.to(torch.float32).argmax(dim=-1)
-
-
-def greedy_walk(offsets: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
-                logits: torch.Tensor, width: int) -> Walk:
-    """Greedy tree acceptance: one argmax over all node rows, then the C++ walk on the host, or
-    on CUDA the Triton walk on the device (engine/device_verify.py; nothing read back)."""
-    from vllm_treespec.engine import device_verify
-
-    if device_verify.wanted(logits):
-        return Walk(*device_verify.device_greedy_walk(offsets, tokens, parents, logits, width))
-    from vllm_treespec.native import native
-
-    target = greedy_argmax(logits).to(torch.int64)
-    emitted, nodes, _ = native().greedy_tree_walk(offsets.numpy(), tokens.numpy(), parents.numpy(),
-                                                  target.cpu().numpy(), width)
-    return Walk(torch.from_numpy(emitted), torch.from_numpy(nodes))
 
 
 def acceptance_generators(table: dict[str, torch.Generator], req_ids: Sequence[str],
@@ -117,9 +92,10 @@ def acceptance_generators(table: dict[str, torch.Generator], req_ids: Sequence[s
 
 
 def _layout(step: TreeStep, include: np.ndarray | None) -> tuple[Any, ...]:
-    """(offsets, tokens, parents, depth, logit_rows, q_rows) of the batch requests accept() verifies:
-    their trees, or root-only trees for requests without drafts. include: sorted batch rows;
-    None = every request (then logit_rows is None: all logits rows, in order, no gather copy)."""
+    """(offsets, tokens, parents, depth, logit_rows, q_rows) of the batch requests accept_trees
+    verifies: their trees, or root-only trees for requests without drafts. include: sorted batch
+    rows; None = every request (then logit_rows is None: all logits rows, in order, no gather
+    copy)."""
     t = step.trees
     if include is None and step.num_trees == step.num_reqs:
         # every request drafted (the usual decode step): the step's trees are the layout
@@ -173,19 +149,8 @@ def verify_step(step: TreeStep, logits: torch.Tensor, params: Sequence[Any],
         raise RuntimeError(f"tree verification: {node_logits.shape[0]} logits rows for "
                            f"{int(offsets[-1])} tree nodes; the step plan does not match vLLM's batch")
     width = step.max_num_draft + 1
-    greedy = all(float(p.temperature) < SAMPLING_EPS for p in params)
-    if greedy:
-        result: Any = greedy_walk(offsets, tokens, parents, node_logits, width)
-    else:
-        # nodes with a drafter q row (sampled drafts): rrs; all others: the target-only rule
-        tree = (offsets, tokens, parents, depth)
-        common = dict(sampling=SamplingParamsBatch.from_params(params),
-                      generators=list(generators), max_depth=width - 1, coin_rows=coin_rows)
-        if q_rows is not None and bool((q_rows >= 0).any()):
-            result = accept_rrs(tree, node_logits, step.q_probs, replacement=False,
-                                draft_rows=torch.from_numpy(q_rows), **common)
-        else:
-            result = accept_target_only(tree, node_logits, **common)
+    result = accept_trees((offsets, tokens, parents, depth), node_logits, params, generators,
+                          width, q_probs=step.q_probs, q_rows=q_rows, coin_rows=coin_rows)
     if base is None:
         return result.emitted, result
     if base.shape != (step.num_reqs, width):
@@ -198,24 +163,24 @@ def verify_step(step: TreeStep, logits: torch.Tensor, params: Sequence[Any],
 
 def accepted_moves(step: TreeStep, accepted_nodes: torch.Tensor | np.ndarray
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(src_slots, dst_slots) moving each tree request's accepted node i_j to slot of node j.
+    """(src_slots, dst_slots) int64 [M], the host path's moves: each tree request's accepted
+    node i_j to the slot of node j (verify.slot_moves), request order, j ascending.
 
     accepted_nodes: int64 [R, W] local node indices of each tree request's path (-1 padded).
     """
-    req, src, dst = accepted_local_moves(step.trees.offsets, accepted_nodes)
-    if req.numel() == 0:
-        return src, dst
     if step.slot_mapping is None:
-        raise RuntimeError("KV compaction: an accepted path leaves its tree's first chain, but the "
-                           "step has no slot mapping (its plan was chain-shaped)")
-    start = step.trees.offsets[req]
-    return step.slot_mapping[start + src], step.slot_mapping[start + dst]
+        if count_node_moves(accepted_nodes):
+            raise RuntimeError("KV compaction: an accepted path leaves its tree's first chain, "
+                               "but the step has no slot mapping (its plan was chain-shaped)")
+        empty = torch.zeros(0, dtype=torch.int64)
+        return empty, empty
+    return listed_moves(*slot_moves(step.slot_mapping, step.trees.offsets, accepted_nodes))
 
 
 def count_moves(step: TreeStep, accepted_nodes: np.ndarray) -> int:
-    """Moves a compaction of these accepted paths makes (the host path's move rule,
-    `accepted_local_moves`; the device path moves the same slots without reading them back)."""
-    return int(accepted_local_moves(step.trees.offsets, accepted_nodes)[0].numel())
+    """Moves a compaction of the step's accepted paths makes (verify.slot_moves' rule; the
+    device path moves the same slots without reading them back)."""
+    return count_node_moves(accepted_nodes)
 
 
 def compact_device(step: TreeStep, accepted_nodes: torch.Tensor, kv: Any) -> None:

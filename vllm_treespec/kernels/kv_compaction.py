@@ -3,7 +3,8 @@
 After acceptance node i_j (depth j) of request r must sit at the slot of position
 ``num_computed + j`` (see ``verify.kv_compaction``). Per request the moves come as padded rows
 ``src_slots[r, :]`` / ``dst_slots[r, :]`` in ascending j, -1 for no move; pairs with src == dst
-are skipped. ``accepted_slot_pairs`` builds them on the device from the step's slot mapping.
+are skipped. ``verify.slot_moves.slot_moves`` (the one move rule) builds them on the device from
+the step's slot mapping.
 
 Layers: a ``KVLayers`` table of data pointers (built once; vLLM never moves its caches), one per
 K or V tensor of every layer, all ``[num_blocks, block_size, Hkv, D]`` with the same strides and
@@ -27,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["KVLayers", "accepted_slot_pairs", "compact_kv"]
+__all__ = ["KVLayers", "compact_kv"]
 
 _WORD = {8: tl.int64, 4: tl.int32, 2: tl.int16, 1: tl.int8}
 
@@ -104,26 +105,6 @@ class KVLayers:
     def geometry(self) -> list[int]:
         """The CUDA op's geometry argument (csrc/cuda/launchers.h KVGeometry)."""
         return [self.block_size, *self.strides, self.num_heads, self.row_bytes, self.base_align]
-
-
-def accepted_slot_pairs(slot_mapping: torch.Tensor, q_offsets: torch.Tensor,
-                        accepted_nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(src_slots, dst_slots) int64 ``[B, W]`` from the step's slot mapping, on its device.
-
-    slot_mapping: int ``[T]`` slot of every tree row as verified (node i of request r at row
-    ``q_offsets[r] + i``); accepted_nodes: int ``[B, W]`` local accepted nodes without the
-    root, -1 padded (``AcceptResult.accepted_nodes`` or ``greedy_tree_accept``). Column j - 1
-    moves node i_j to node slot j; unused columns and i_j == j give -1 (no move). No host sync.
-    """
-    nodes = accepted_nodes.to(torch.int64)
-    b, w = nodes.shape
-    start = q_offsets[:-1].to(torch.int64).unsqueeze(1)
-    depth = torch.arange(1, w + 1, device=nodes.device).unsqueeze(0)
-    move = (nodes >= 0) & (nodes != depth)
-    last = slot_mapping.numel() - 1
-    src = slot_mapping.to(torch.int64)[(start + nodes.clamp(min=0)).clamp(max=last)]
-    dst = slot_mapping.to(torch.int64)[(start + depth).clamp(max=last)]
-    return torch.where(move, src, -1), torch.where(move, dst, -1)
 
 
 def compact_kv(layers: KVLayers, src_slots: torch.Tensor, dst_slots: torch.Tensor, *,

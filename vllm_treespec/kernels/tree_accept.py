@@ -1,8 +1,8 @@
 """Greedy tree acceptance on the GPU (Triton): one program per request, no host sync.
 
-The rule is ``verify.accept(mode="greedy")`` given the target's argmax at every node row: from
-the root, emit the argmax x of the current node's row; if a child of the node carries token x,
-descend into it, else stop (x is the bonus token). Siblings carry distinct tokens, so the child
+The greedy rule of ``verify.greedy`` (the device half of its ``greedy_walk``) given the target's
+argmax at every node row: from the root, emit the argmax x of the current node's row; if a child
+of the node carries token x, descend into it, else stop (x is the bonus token). Siblings carry distinct tokens, so the child
 is unique. A program keeps its request's parents and tokens in registers (BLOCK_N >= its node
 count) and finds each level's child with one vectorised compare, so the walk costs depth + 1
 scalar loads of the argmax and no children table.

@@ -1,13 +1,16 @@
-"""Lossless tree acceptance: which draft path a request keeps and which token follows it.
+"""Lossless sampled tree acceptance: which draft path a request keeps and which token follows it.
 
 The walk is batched over requests and loops over tree levels only: at each level every still
 active request looks at its current node u (starting at the root), picks a token x, emits it, and
 descends if x is one of u's children; otherwise x is the correction/bonus token and the request
 stops. Target rows are processed (temperature, min-p, top-k, top-p) only for visited nodes.
 
-Modes, for requests with temperature >= 1e-5 (requests below it are always greedy):
+Greedy acceptance (argmax at every node) is greedy.py: a C++ walk on the host, a Triton walk on
+CUDA. Requests below temperature 1e-5 in a sampled batch are handed to it, so the greedy rule has
+one implementation per device and outputs equal to decoding without speculation.
 
-- ``greedy``: x = argmax of u's row, for every request whatever its temperature.
+Modes, for requests with temperature >= 1e-5:
+
 - ``target_only``: for candidate sets fixed before sampling (top-k trees, any tree built without
   looking at this step's coins). x ~ p_u directly. Trying siblings in order with probability
   p(c_i) / (1 - p(c_1) - ... - p(c_{i-1})) and drawing the correction from p restricted to the
@@ -40,12 +43,13 @@ not on the mode its batch needs nor on its neighbours.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 import torch
 
 from vllm_treespec.verify.coins import ACCEPT_COIN, DRAW_COIN, Generators, draw_coins
+from vllm_treespec.verify.greedy import greedy_walk
+from vllm_treespec.verify.result import AcceptResult
 from vllm_treespec.verify.rrs_inputs import check_draft_probs, check_node_draws, check_num_draws
 from vllm_treespec.verify.rules import find_child, recursive_rejection, sample_categorical
 from vllm_treespec.verify.sampling_params import (
@@ -55,38 +59,15 @@ from vllm_treespec.verify.sampling_params import (
 )
 from vllm_treespec.verify.tree_input import TreeLayout, build_layout, unpack_tree
 
-Mode = Literal["greedy", "target_only", "rrs"]
-MODES: tuple[str, ...] = ("greedy", "target_only", "rrs")
+Mode = Literal["target_only", "rrs"]
+MODES: tuple[str, ...] = ("target_only", "rrs")
+
+__all__ = ["MODES", "AcceptResult", "accept", "accept_rrs", "accept_target_only"]
 
 
-@dataclass(frozen=True)
-class AcceptResult:
-    """Outcome per request; widths are W = max tree depth in the batch + 1 (or ``max_depth`` + 1).
-
-    emitted: int64 [B, W], accepted path tokens then the bonus/correction token, -1 padded
-        (the layout vLLM's scheduler expects from the rejection sampler).
-    num_emitted: int64 [B], >= 1.
-    accepted_nodes: int64 [B, W], local node indices of the accepted path without the root,
-        -1 padded (the last column is always -1).
-    accepted_rows: int64 [B, W], the same nodes as flat row indices into the tree batch.
-    """
-
-    emitted: torch.Tensor
-    num_emitted: torch.Tensor
-    accepted_nodes: torch.Tensor
-    accepted_rows: torch.Tensor
-
-    @property
-    def num_accepted(self) -> torch.Tensor:
-        """Accepted draft tokens per request (emitted minus the bonus/correction token)."""
-        return self.num_emitted - 1
-
-
-def _request_params(mode: Mode, sampling: SamplingParamsBatch | None, num_requests: int,
-                    device: torch.device) -> tuple[SamplingParamsBatch | None, torch.Tensor]:
-    """(validated sampling parameters or None in greedy mode, bool [B] greedy requests)."""
-    if mode == "greedy":
-        return None, torch.ones(num_requests, dtype=torch.bool, device=device)
+def _request_params(sampling: SamplingParamsBatch | None, num_requests: int,
+                    device: torch.device) -> tuple[SamplingParamsBatch, torch.Tensor]:
+    """(validated sampling parameters, bool [B] greedy requests)."""
     if sampling is None:
         sampling = SamplingParamsBatch.random(num_requests)
     params = sampling.validated(num_requests, device)
@@ -126,13 +107,14 @@ def _root_only_offsets(fields: tuple[torch.Tensor, ...], device: torch.device) -
     return offsets
 
 
-def _accept_roots(offsets: torch.Tensor, logits: torch.Tensor, mode: Mode,
+def _accept_roots(offsets: torch.Tensor, logits: torch.Tensor,
                   sampling: SamplingParamsBatch | None, generators: Generators,
                   max_depth: int | None, coin_rows: int | None) -> AcceptResult:
     """accept() for root-only trees (a step in which no request drafted): the walk's first level
     and nothing else, with the same coin block (two per node), processing and draw coin, so its
     tokens and generator states are the walk's to the bit, in any mode; it skips the layout and
-    the per-level bookkeeping, which cost more than the draw."""
+    the per-level bookkeeping, which cost more than the draw. A greedy request's token is the
+    greedy walk's on a root-only tree: its root's argmax (`greedy_tokens`, the walk's argmax)."""
     device = logits.device
     num_requests = offsets.numel() - 1
     if logits.shape[0] != num_requests:
@@ -143,7 +125,7 @@ def _accept_roots(offsets: torch.Tensor, logits: torch.Tensor, mode: Mode,
     if max_depth is not None and max_depth < 0:
         raise ValueError(f"max_depth={max_depth} is smaller than the deepest node (0)")
     width = 1 if max_depth is None else max_depth + 1
-    params, is_greedy = _request_params(mode, sampling, num_requests, device)
+    params, is_greedy = _request_params(sampling, num_requests, device)
     coins = _coins(offsets, torch.arange(num_requests, device=device), generators, is_greedy,
                    coin_rows)
     picked = torch.empty(num_requests, dtype=torch.int64, device=device)
@@ -152,7 +134,7 @@ def _accept_roots(offsets: torch.Tensor, logits: torch.Tensor, mode: Mode,
         picked[g] = greedy_tokens(logits[g])
     s = (~is_greedy).nonzero().squeeze(1)
     if s.numel():
-        assert params is not None and coins is not None
+        assert coins is not None
         probs = torch.softmax(process_logits(logits[s], params.rows(s), inplace=True),
                               dim=-1, dtype=torch.float32).to(torch.float64)
         picked[s] = sample_categorical(probs, coins[s, DRAW_COIN])
@@ -197,38 +179,44 @@ LOOKUP = -2   # a sampled pick whose child the walk finds by token match
 SampledPick = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
+def _greedy_requests(layout: TreeLayout, logits: torch.Tensor, width: int,
+                     is_greedy: torch.Tensor) -> tuple[torch.Tensor, AcceptResult]:
+    """(batch indices, result) of the greedy requests of a sampled batch, decided by the greedy
+    walk (greedy.py: C++ on the host, Triton on CUDA) over their own trees."""
+    reqs = is_greedy.nonzero().squeeze(1)
+    rows = is_greedy[layout.request_of_row]
+    offsets = torch.zeros(reqs.numel() + 1, dtype=torch.int64, device=logits.device)
+    torch.cumsum((layout.offsets[1:] - layout.offsets[:-1])[reqs], dim=0, out=offsets[1:])
+    return reqs, greedy_walk(offsets, layout.tokens[rows], layout.parents[rows], logits[rows],
+                               width)
+
+
 def _walk(layout: TreeLayout, logits: torch.Tensor, width: int, is_greedy: torch.Tensor,
-          params: SamplingParamsBatch | None, pick_sampled: SampledPick | None) -> AcceptResult:
-    """The one downward walk every rule shares: level by level, each active request picks a
-    token at its current node (argmax for greedy requests, the rule's `pick_sampled` for the
-    others, on target rows processed only where visited), emits it and descends into the child
-    it names or the child holding that token; a request without such a child stops."""
+          params: SamplingParamsBatch, pick_sampled: SampledPick) -> AcceptResult:
+    """The one downward walk the sampled rules share: level by level, each active request picks
+    a token at its current node with the rule's `pick_sampled`, on target rows processed only
+    where visited, emits it and descends into the child it names or the child holding that
+    token; a request without such a child stops. Greedy requests (temperature < 1e-5) take the
+    greedy walk instead (`_greedy_requests`); they draw no coins, so nothing else changes."""
     device = logits.device
     num_requests = layout.num_requests
     emitted = torch.full((num_requests, width), -1, dtype=torch.int64, device=device)
     nodes = torch.full((num_requests, width), -1, dtype=torch.int64, device=device)
     num_emitted = torch.zeros(num_requests, dtype=torch.int64, device=device)
+    if bool(is_greedy.any()):
+        g, greedy = _greedy_requests(layout, logits, width, is_greedy)
+        emitted[g], nodes[g], num_emitted[g] = (greedy.emitted, greedy.accepted_nodes,
+                                                greedy.num_emitted)
     cur = layout.offsets[:-1].clone()
-    active = torch.arange(num_requests, device=device)
+    active = (~is_greedy).nonzero().squeeze(1)
     for level in range(width):
         if active.numel() == 0:
             break
         rows = cur[active]
-        picked = torch.empty_like(rows)
-        chosen = torch.full_like(rows, LOOKUP)
-        greedy_here = is_greedy[active]
-        g = greedy_here.nonzero().squeeze(1)
-        if g.numel():
-            picked[g] = greedy_tokens(logits[rows[g]])
-        s = (~greedy_here).nonzero().squeeze(1)
-        if s.numel():
-            assert params is not None and pick_sampled is not None
-            srows = rows[s]
-            probs = torch.softmax(
-                process_logits(logits[srows], params.rows(layout.request_of_row[srows]),
-                               inplace=True),
-                dim=-1, dtype=torch.float32).to(torch.float64)
-            picked[s], chosen[s] = pick_sampled(srows, probs)
+        probs = torch.softmax(
+            process_logits(logits[rows], params.rows(layout.request_of_row[rows]), inplace=True),
+            dim=-1, dtype=torch.float32).to(torch.float64)
+        picked, chosen = pick_sampled(rows, probs)
         lookup = chosen == LOOKUP
         if bool(lookup.any()):
             li = lookup.nonzero().squeeze(1)
@@ -240,24 +228,7 @@ def _walk(layout: TreeLayout, logits: torch.Tensor, width: int, is_greedy: torch
         nodes[movers, level] = nxt - layout.offsets[movers]
         cur[movers] = nxt
         active = movers
-    base = layout.offsets[:-1].unsqueeze(1)
-    accepted_rows = torch.where(nodes >= 0, nodes + base, -1)
-    return AcceptResult(emitted, num_emitted, nodes, accepted_rows)
-
-
-def accept_greedy(tree: Any, logits: torch.Tensor, max_depth: int | None = None) -> AcceptResult:
-    """Greedy rule: at every node the argmax of its row, for every request whatever its
-    temperature (the torch reference of csrc/verify/greedy_walk.cpp and vllm_treespec/kernels/tree_accept.py).
-
-    tree: flat tree batch (tree_input.py); logits: float [T, V] at every node row; max_depth:
-    pad outputs to max_depth + 1 columns (>= the deepest node)."""
-    fields = _unpack(tree, logits)
-    roots = _root_only_offsets(fields, logits.device)
-    if roots is not None:
-        return _accept_roots(roots, logits, "greedy", None, None, max_depth, None)
-    layout, width = _layout_for(fields, logits, max_depth)
-    _, is_greedy = _request_params("greedy", None, layout.num_requests, logits.device)
-    return _walk(layout, logits, width, is_greedy, None, None)
+    return AcceptResult.from_paths(layout.offsets, emitted, num_emitted, nodes)
 
 
 def accept_target_only(tree: Any, logits: torch.Tensor,
@@ -273,11 +244,9 @@ def accept_target_only(tree: Any, logits: torch.Tensor,
     fields = _unpack(tree, logits)
     roots = _root_only_offsets(fields, logits.device)
     if roots is not None:
-        return _accept_roots(roots, logits, "target_only", sampling, generators, max_depth,
-                             coin_rows)
+        return _accept_roots(roots, logits, sampling, generators, max_depth, coin_rows)
     layout, width = _layout_for(fields, logits, max_depth)
-    params, is_greedy = _request_params("target_only", sampling, layout.num_requests,
-                                        logits.device)
+    params, is_greedy = _request_params(sampling, layout.num_requests, logits.device)
     coins = _coins(layout.offsets, layout.request_of_row, generators, is_greedy, coin_rows)
 
     def pick(srows: torch.Tensor, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -310,7 +279,7 @@ def accept_rrs(tree: Any, logits: torch.Tensor, draft_probs: torch.Tensor, repla
     fields = _unpack(tree, logits)
     device = logits.device
     layout, width = _layout_for(fields, logits, max_depth)
-    params, is_greedy = _request_params("rrs", sampling, layout.num_requests, device)
+    params, is_greedy = _request_params(sampling, layout.num_requests, device)
     q_all, q_index = check_draft_probs(draft_probs, draft_rows, layout, logits.shape[1], device,
                                        full=validate)
     draws = check_num_draws(num_draws, replacement, layout, device)
@@ -344,10 +313,11 @@ def accept_rrs(tree: Any, logits: torch.Tensor, draft_probs: torch.Tensor, repla
     return _walk(layout, logits, width, is_greedy, params, pick)
 
 
-def accept(tree: Any, logits: torch.Tensor, mode: Mode = "greedy", **options: Any) -> AcceptResult:
-    """One of the three rules by name ("greedy", "target_only", "rrs"; module docstring), with
-    that rule's keyword options (`accept_greedy`, `accept_target_only`, `accept_rrs`); an option
-    another rule owns is an error naming the rule it belongs to.
+def accept(tree: Any, logits: torch.Tensor, mode: Mode = "target_only",
+           **options: Any) -> AcceptResult:
+    """One of the sampled rules by name ("target_only", "rrs"; module docstring), with that
+    rule's keyword options (`accept_target_only`, `accept_rrs`); an option the other rule owns
+    is an error naming the rule it belongs to. Greedy acceptance is `greedy.greedy_walk`.
 
     Example::
 
@@ -358,9 +328,10 @@ def accept(tree: Any, logits: torch.Tensor, mode: Mode = "greedy", **options: An
         res.emitted[0, : res.num_emitted[0]]  # tokens to append
     """
     if mode not in MODES:
-        raise ValueError(f"unknown acceptance mode {mode!r}; expected one of {MODES}")
+        hint = "; greedy acceptance is verify.greedy.greedy_walk" if mode == "greedy" else ""
+        raise ValueError(f"unknown acceptance mode {mode!r}; expected one of {MODES}{hint}")
     rrs_only = {"draft_probs", "draft_rows", "replacement", "num_draws", "node_draws", "validate"}
-    if mode != "rrs":
+    if mode == "target_only":
         misplaced = sorted(k for k, v in options.items()
                            if k in rrs_only - {"validate"} and v is not None)
         if misplaced:
@@ -369,11 +340,6 @@ def accept(tree: Any, logits: torch.Tensor, mode: Mode = "greedy", **options: An
                              + (" with replacement=True" if set(misplaced) <= {"num_draws", "node_draws"}
                                 else ""))
         options = {k: v for k, v in options.items() if k not in rrs_only}
-    if mode == "greedy":
-        options = {k: v for k, v in options.items()
-                   if k not in ("sampling", "generators", "coin_rows")}
-        return accept_greedy(tree, logits, **options)
-    if mode == "target_only":
         return accept_target_only(tree, logits, **options)
     options.setdefault("draft_probs", None)
     options.setdefault("replacement", None)

@@ -14,75 +14,29 @@ on: move j writes position j, and every later move k > j reads position i_k >= k
 reads a position an earlier one wrote; and move j overwrites at most the source i_m of an earlier
 move m < j (already read), never the source i_k >= k > j of a later one. Requests own disjoint
 slots at these positions, so moves of different requests never interact.
+
+Which node goes to which slot is `verify.slot_moves` (the one rule every path uses); this module
+is the host's copy of the K/V over vLLM's CPU cache layouts.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
 from vllm_treespec.attention.cpu_kv_layout import check_layout, slot_element_offsets
 
-__all__ = ["accepted_local_moves", "accepted_slot_moves", "compact_kv"]
-
-
-def accepted_local_moves(offsets: torch.Tensor, accepted_nodes: torch.Tensor
-                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(request, source node i_j, destination index j), int64 [M] each, of every move: request
-    order, j ascending, moves with i_j == j dropped (a node-prefix path yields none).
-
-    offsets: int [B+1] of the verified tree batch (to check node indices); accepted_nodes:
-    int [B, W] local node indices of the accepted path without the root, -1 padded
-    (``AcceptResult.accepted_nodes``). Slots are the caller's: positions num_computed + i in a
-    block table (accepted_slot_moves) or the step's slot mapping of each node row (engine).
-    """
-    # numpy: a handful of tiny arrays per step, where torch's per-op overhead dominated
-    nodes = np.asarray(torch.as_tensor(accepted_nodes, dtype=torch.int64).cpu())
-    if nodes.ndim != 2:
-        raise ValueError(f"accepted_nodes must be [B, W], got {tuple(nodes.shape)}")
-    b, w = nodes.shape
-    offsets = np.asarray(torch.as_tensor(offsets, dtype=torch.int64).cpu())
-    sizes = offsets[1:] - offsets[:-1]
-    if sizes.size != b:
-        raise ValueError(f"offsets describe {sizes.size} requests, accepted_nodes {b}")
-    taken = nodes >= 0
-    depth = np.arange(1, w + 1, dtype=np.int64)
-    if (taken & ((nodes < depth) | (nodes >= sizes[:, None]))).any():
-        raise ValueError("accepted node index out of range (need depth j <= i_j < tree size)")
-    req, col = np.nonzero(taken & (nodes != depth))          # row-major: request order, j ascending
-    return torch.from_numpy(req), torch.from_numpy(nodes[req, col]), torch.from_numpy(col + 1)
-
-
-def accepted_slot_moves(offsets: torch.Tensor, accepted_nodes: torch.Tensor,
-                        num_computed: torch.Tensor, block_table: torch.Tensor,
-                        block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(src_slots, dst_slots), int64 [M]: every move of every request, request order, j ascending.
-
-    offsets: int [B+1] of the verified tree batch (only to check node indices);
-    accepted_nodes: int [B, W], local node indices of the accepted path without the root,
-    -1 padded (``AcceptResult.accepted_nodes``); num_computed: int [B] (the root's position);
-    block_table: [B, max_blocks] logical -> physical block. Moves with src == dst are dropped,
-    so a path that is the node prefix 1..a yields none.
-    """
-    req, src, dst = accepted_local_moves(offsets, accepted_nodes)
-    base = torch.as_tensor(num_computed, dtype=torch.int64).cpu()[req]
-    src_pos, dst_pos = base + src, base + dst
-    table = torch.as_tensor(block_table).cpu().to(torch.int64)
-
-    def slot(pos: torch.Tensor) -> torch.Tensor:
-        return table[req, pos // block_size] * block_size + pos % block_size
-
-    return slot(src_pos), slot(dst_pos)
+__all__ = ["compact_kv"]
 
 
 def compact_kv(kv_caches: Sequence[torch.Tensor] | torch.Tensor, src_slots: torch.Tensor,
                dst_slots: torch.Tensor, *, layout: str) -> None:
     """Copy K and V of every src slot to its dst slot, in place, in every layer.
 
-    kv_caches: per-layer CPU caches ``[num_blocks, Hkv, block_size, 2 * D]`` (contiguous, as
-    vLLM allocates them), or one stacked tensor ``[L, num_blocks, Hkv, block_size, 2 * D]``
-    (then all layers move in one op); layout: the layers' ISA (see cpu_kv_layout). Per layer
+    src_slots / dst_slots: int64 [M], the real moves (`slot_moves.listed_moves`); kv_caches:
+    per-layer CPU caches ``[num_blocks, Hkv, block_size, 2 * D]`` (contiguous, as vLLM
+    allocates them), or one stacked tensor ``[L, num_blocks, Hkv, block_size, 2 * D]`` (then
+    all layers move in one op); layout: the layers' ISA (see cpu_kv_layout). Per layer
     this is one gather of all sources, then one scatter, so moves may alias each other.
     """
     if src_slots.numel() == 0:

@@ -129,7 +129,12 @@ class SamplingParamsBatch:
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
-    """Argmax of float32 logits, first index on ties (vLLM's greedy_sample on raw logits)."""
+    """Argmax of float32 logits, first index on ties, as vLLM's greedy_sample on raw logits:
+    on the host its CPU op ``torch.ops._C.greedy_argmax`` where vLLM registered it (what
+    decoding without speculation uses), torch's argmax otherwise (vLLM's CUDA path)."""
+    op = getattr(getattr(torch.ops, "_C", None), "greedy_argmax", None)
+    if op is not None and logits.device.type == "cpu":
+        return op(logits.to(torch.float32).contiguous()).to(torch.int64)
     return logits.to(torch.float32).argmax(dim=-1)
 
 
