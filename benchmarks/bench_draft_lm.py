@@ -67,7 +67,7 @@ def measure(path: str, batch: int, length: int, steps: int, warmup: int) -> floa
         inputs = DraftInputs(req_ids=[f"r{i}" for i in range(batch)], token_ids=buf, rows=np.arange(batch),
                              num_tokens=np.array([c.shape[0] for c in ctx]), budgets=np.full(batch, 16))
         t = time.perf_counter()
-        trees = drafter.propose(inputs)
+        trees = drafter.propose(inputs).trees
         if step >= warmup:
             times.append(time.perf_counter() - t)
         # commit the first chain's first two tokens (or fewer) plus a bonus token

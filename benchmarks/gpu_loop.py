@@ -382,7 +382,7 @@ class TreeDrafter:
         inputs = DraftInputs(req_ids=[str(r) for r in rows.tolist()], token_ids=buf,
                              rows=rows.astype(np.int64), num_tokens=num_tokens.astype(np.int64),
                              budgets=np.full(len(rows), self.budget, dtype=np.int64))
-        return self.drafter.propose(inputs)
+        return self.drafter.propose(inputs).trees
 
 
 def make_drafter(trie_path: str | Path, model_dir: str | Path, budget: int = 16,

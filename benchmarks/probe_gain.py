@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         tokens += sum(len(o.outputs[0].token_ids) for o in outs)
     seconds = time.perf_counter() - start
     proposer = llm.llm_engine.model_executor.driver_worker.worker.model_runner.drafter
-    gain = proposer.gain
+    gain = proposer.budget.gain
     if gain is None:
         raise SystemExit(f"preset {ns.preset!r} has budget.gain off: nothing to probe")
     base, row, overhead = gain.cost.coefficients()

@@ -20,7 +20,7 @@ hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).e
 cfg = from_additional_config({"treespec": rt.INLINE[sys.argv[1]]}, 16)
 d = make_drafter(cfg.drafter, str(model_dir), cfg.tree, max_model_len=1024, max_nodes=16)
 d.load(hf)
-feats = rt.target_features(hf, records, tuple(d.aux_layers))
+feats = rt.target_features(hf, records, d.capabilities.aux_layers)
 rt.replay(d, 16, records[:1], features=feats[:1])
 pr = cProfile.Profile(); pr.enable()
 row = rt.replay(d, 16, records, features=feats)

@@ -130,7 +130,7 @@ def target_features(model: Any, records: Sequence[dict], aux_ids: Sequence[int])
 def replay(drafter: Any, budget: int, records: Sequence[dict], max_len: int = 1024,
            features: Sequence[list[Any]] | None = None) -> dict:
     """Replay one drafter over every recorded request, in order (concurrency 1). `features`:
-    per record the target's aux hidden states (drafters with uses_target_states)."""
+    per record the target's aux hidden states (drafters whose capabilities say uses_target_states)."""
     from vllm_treespec.drafters import DraftInputs
     from vllm_treespec.drafters.base import TargetStates
 
@@ -158,7 +158,7 @@ def replay(drafter: Any, budget: int, records: Sequence[dict], max_len: int = 10
             saved = buf[0, n:].copy()
             buf[0, n:] = 0
             start = time.perf_counter()
-            tree = drafter.propose(inputs)[0]
+            tree = drafter.propose(inputs).trees[0]
             draft_s += time.perf_counter() - start
             buf[0, n:] = saved
             a = accepted_length(tree.tokens, tree.parents, out[t:]) if tree.num_draft else 0
@@ -169,9 +169,8 @@ def replay(drafter: Any, budget: int, records: Sequence[dict], max_len: int = 10
                 nodes += tree.num_draft
                 accepted += a
             t += a + 1
-        observe = getattr(drafter, "observe_output", None)
-        if observe is not None:
-            observe(np.asarray(out, dtype=np.int32))
+        if drafter.capabilities.observes_output:
+            drafter.observe_output(np.asarray(out, dtype=np.int32))
         drafter.on_requests_finished([f"r{r}"])
     total = sum(len(rec["output_ids"]) - 1 for rec in records)
     return {"tau": 1 + accepted / max(drafted_steps, 1), "tokens_per_step": total / max(steps, 1),
@@ -200,14 +199,14 @@ def main(argv: list[str] | None = None) -> int:
             drafter = make_drafter(config.drafter, str(model_dir), config.tree, max_model_len=1024,
                                    max_nodes=config.node_budget(budget))
             feats = None
-            if getattr(drafter, "uses_target_states", False):
+            if drafter.capabilities.uses_target_states:
                 if hf_model is None:
                     import torch
                     from transformers import AutoModelForCausalLM
 
                     hf_model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
                 drafter.load(hf_model)
-                key = tuple(drafter.aux_layers)
+                key = drafter.capabilities.aux_layers
                 if key not in features:
                     features[key] = target_features(hf_model, records, key)
                 feats = features[key]

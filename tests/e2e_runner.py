@@ -27,7 +27,7 @@ def _proposer_state(worker) -> dict:
         "drafted": None if requests is None else sum(s.drafted for s in requests.values()),
         "stats": drafter.stats.summary() if hasattr(drafter, "stats") else None,
         "drafter": getattr(getattr(drafter, "drafter", None), "counters", dict)(),
-        "budget": drafter.budget_policy.state() if hasattr(drafter, "budget_policy") else None,
+        "budget": drafter.budget.policy.state() if hasattr(drafter, "budget") else None,
     }
 
 

@@ -89,7 +89,7 @@ def test_lockstep_trees_equal_synchronous_builders(model_dir, mamba_dir, kind, b
     contexts = [rng.integers(1, VOCAB, size=n) for n in (6, 13, 2)]
     budgets = [10, 0, 7]
     for step in range(3):
-        trees = drafter.propose(_inputs(contexts, budgets))
+        trees = drafter.propose(_inputs(contexts, budgets)).trees
         for i, ctx in enumerate(contexts):
             if budgets[i] == 0:
                 assert trees[i].num_draft == 0
@@ -121,9 +121,9 @@ def test_step_tree_overrides_draft_the_overridden_section(model_dir, tree, overr
     contexts = [rng.integers(1, VOCAB, size=n) for n in (6, 13)]
     inputs = _inputs(contexts, [10, 7])
     inputs.tree_overrides = overrides
-    got = _drafter(model_dir, tree).propose(inputs)
-    want = _drafter(model_dir, {**tree, **overrides}).propose(_inputs(contexts, [10, 7]))
-    plain = _drafter(model_dir, tree).propose(_inputs(contexts, [10, 7]))
+    got = _drafter(model_dir, tree).propose(inputs).trees
+    want = _drafter(model_dir, {**tree, **overrides}).propose(_inputs(contexts, [10, 7])).trees
+    plain = _drafter(model_dir, tree).propose(_inputs(contexts, [10, 7])).trees
     for g, w in zip(got, want):
         assert g.tokens.tolist() == w.tokens.tolist() and g.parents.tolist() == w.parents.tolist()
     assert any(g.parents.tolist() != p.parents.tolist() for g, p in zip(got, plain))
@@ -167,10 +167,12 @@ def test_sampled_drafts_are_draws_from_the_processed_q(model_dir, builder, shape
     params = [_sp(0.0), _sp(0.8, seed=3, top_p=0.95)]
     inputs = _inputs(contexts, [10, 10])
     inputs.sampling = params
-    trees = sampled.propose(inputs)
-    assert trees[0].tokens.tolist() == topk.propose(_inputs(contexts, [10, 10]))[0].tokens.tolist()
-    assert set(sampled.last_draft_probs) == {1}
-    tree, dp = trees[1], sampled.last_draft_probs[1]
+    proposal = sampled.propose(inputs)
+    trees = proposal.trees
+    assert trees[0].tokens.tolist() == topk.propose(_inputs(contexts, [10, 10])).trees[0].tokens.tolist()
+    assert set(proposal.draft_probs) == {1}
+    assert topk.propose(_inputs(contexts, [10, 10])).draft_probs == {}    # top-k trees carry no q
+    tree, dp = trees[1], proposal.draft_probs[1]
     assert tree.num_draft > 1
     expanded = set(tree.parents[1:].tolist())
     assert {v for v in range(tree.num_nodes) if dp.node_rows[v] >= 0} >= expanded
@@ -193,7 +195,7 @@ def test_sampled_drafts_are_draws_from_the_processed_q(model_dir, builder, shape
     again = _drafter(model_dir, {"builder": builder, **shape}, draft_sampling="sample")
     inputs2 = _inputs(contexts, [10, 10])
     inputs2.sampling = params
-    assert again.propose(inputs2)[1].tokens.tolist() == tree.tokens.tolist()   # seeded: reproducible
+    assert again.propose(inputs2).trees[1].tokens.tolist() == tree.tokens.tolist()   # seeded: reproducible
 
 
 def test_sample_mode_needs_a_draw_order_builder(model_dir):
@@ -202,9 +204,9 @@ def test_sample_mode_needs_a_draw_order_builder(model_dir):
     with pytest.raises(ConfigError, match="drafter.draft_sampling: sample needs .* 'best_first' ranks"):
         _drafter(model_dir, {"builder": "best_first"}, draft_sampling="sample")
     # auto (the default) samples wherever the builder keeps draw order, top_k elsewhere
-    assert not _drafter(model_dir, {"builder": "best_first"}).samples_drafts
-    assert _drafter(model_dir, {"builder": "threshold"}).samples_drafts
-    assert not _drafter(model_dir, {"builder": "threshold"}, draft_sampling="top_k").samples_drafts
+    assert not _drafter(model_dir, {"builder": "best_first"}).capabilities.samples_drafts
+    assert _drafter(model_dir, {"builder": "threshold"}).capabilities.samples_drafts
+    assert not _drafter(model_dir, {"builder": "threshold"}, draft_sampling="top_k").capabilities.samples_drafts
 
 
 def _copy(model_dir, tmp_path):

@@ -297,7 +297,9 @@ def test_branching_tree_steps_never_dispatch_full_graphs():
     def run(step, drafter):
         runner = _runner(drafter)
         dispatcher = runner.cudagraph_dispatcher
-        set_current_step(step)
+        if isinstance(drafter, TreeProposer):
+            drafter.plan = step                  # the patches read the plan from the proposer
+        set_current_step(step)                   # (the attention backends, from the global)
         try:
             mode = patched(runner, num_tokens=16, num_reqs=4,
                            num_scheduled_tokens_np=np.full(4, 4), max_num_scheduled_tokens=4)[0]

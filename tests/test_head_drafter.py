@@ -76,7 +76,7 @@ def _step(drafter, tokens, aux, positions, num_tokens):
     step_aux = [a for a in aux]                                  # flat rows = positions
     inputs = DraftInputs(req_ids=["r"], token_ids=buf, rows=np.array([0]), num_tokens=np.array([num_tokens]),
                          budgets=np.array([D]), target=TargetStates(None, step_aux, [pos], [pos]))
-    return drafter.propose(inputs)[0]
+    return drafter.propose(inputs).trees[0]
 
 
 def _expected(head, tokens, aux, upto):
@@ -90,7 +90,7 @@ def _expected(head, tokens, aux, upto):
 def test_committed_rows_become_training_prefixes(setup):
     path, target, head, tokens, aux = setup
     d = _drafter(path, target)
-    assert d.aux_layers == (2, 4)                                # vLLM ids: layer i's output = id i+1
+    assert d.capabilities.aux_layers == (2, 4)                   # vLLM ids: layer i's output = id i+1
     tree = _step(d, tokens, aux, range(0, 7), 8)                 # prefill chunk 0..6, root = token 7
     assert tree.tokens[0] == tokens[7] and tree.draft_token_ids() == _expected(head, tokens, aux, 6)
     tree = _step(d, tokens, aux, range(7, 10), 11)               # root + 2 accepted nodes
@@ -110,7 +110,7 @@ def test_unsorted_feature_layers_are_concatenated_in_config_order(setup, tmp_pat
     swapped.load_state_dict(head.state_dict())
     p = save_head(swapped, tmp_path / "swapped")
     d = _drafter(p, target)
-    assert d.aux_layers == (2, 4)
+    assert d.capabilities.aux_layers == (2, 4)
     tree = _step(d, tokens, aux, range(0, 7), 8)
     feats = torch.cat([aux[1], aux[0]], -1)[None, :7]           # layer 3 first, as configured
     with torch.no_grad():
@@ -186,7 +186,7 @@ def test_caches_stay_under_the_memory_bound(setup):
         inputs = DraftInputs(req_ids=list(reqs), token_ids=buf, rows=np.arange(n),
                              num_tokens=np.array([pos[-1] + 2] * n), budgets=np.array([D] * n),
                              target=TargetStates(None, list(aux), [pos] * n, [pos] * n))
-        return d.propose(inputs)
+        return d.propose(inputs).trees
 
     step(["a"], range(0, 8))
     step(["b"], range(0, 8))                     # 16 rows > 12: "a" (least recent) is evicted
@@ -216,7 +216,7 @@ def test_step_tree_overrides_draft_the_overridden_section(setup):
         inputs = DraftInputs(req_ids=["r"], token_ids=tokens[None].numpy().astype(np.int32), rows=np.array([0]),
                              num_tokens=np.array([8]), budgets=np.array([D]),
                              target=TargetStates(None, list(aux), [pos], [pos]), tree_overrides=overrides)
-        return d.propose(inputs)[0]
+        return d.propose(inputs).trees[0]
 
     got = tree_of({"builder": "best_first"}, {"max_depth": 1})
     want = tree_of({"builder": "best_first", "max_depth": 1}, {})

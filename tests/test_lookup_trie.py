@@ -177,7 +177,7 @@ def test_drafter_from_config_on_the_fixture_trie(tiny_model):
     buf = np.tile(np.arange(40, 60, dtype=np.int32), (2, 4))
     inputs = DraftInputs(req_ids=["a", "b"], token_ids=buf, rows=np.arange(2), num_tokens=np.array([70, 33]),
                          budgets=np.array([16, 0]))
-    trees = drafter.propose(inputs)
+    trees = drafter.propose(inputs).trees
     assert trees[0].num_draft == 16 and trees[1].num_draft == 0
     assert trees[0].draft_token_ids()[0] == 50          # the repeated sequence continues
     assert trees[0].tokens[0] == buf[0, 69] and trees[1].tokens[0] == buf[1, 32]

@@ -125,7 +125,7 @@ def test_propose_returns_trees_within_budget(trie_path, tree):
     buf[2, :4] = [5, 1, 2, 3]
     inputs = DraftInputs(req_ids=["a", "b", "c"], token_ids=buf, rows=np.arange(3),
                          num_tokens=np.array([3, 2, 4]), budgets=np.array([6, 6, 0]))
-    trees = d.propose(inputs)
+    trees = d.propose(inputs).trees
     assert [t.root for t in trees] == [2, 0, 3]                  # rooted at each last token
     assert trees[0].num_draft >= 1 and trees[0].draft_token_ids()[0] == 3
     assert trees[1].num_draft == 0 and trees[2].num_draft == 0   # unseen context; budget 0
@@ -151,7 +151,7 @@ def test_native_best_first_equals_the_expander_tree(trie_path):
         assert d.native
         inputs = DraftInputs(req_ids=list("abcde"), token_ids=buf, rows=np.arange(5), num_tokens=lens,
                              budgets=np.array([1, 5, 9, 12, 20]))
-        for i, got in enumerate(d.propose(inputs)):
+        for i, got in enumerate(d.propose(inputs).trees):
             context = buf[i, :lens[i]]
             want = build_tree("best_first", d.expander(context[:-1][-d.context_len:], int(context[-1])),
                               int(inputs.budgets[i]), topk=min(k, topk or k), max_depth=depth)
@@ -174,6 +174,18 @@ def test_native_chains_equal_the_python_chains(trie_path, min_context, max_depth
     buf[0, :3] = [7, 1, 2]
     inputs = DraftInputs(req_ids=list("abcdef"), token_ids=buf, rows=np.arange(6),
                          num_tokens=np.array([3, 12, 5, 1, 8, 9]), budgets=np.array([9, 4, 0, 6, 2, 12]))
-    trees = d.propose(inputs)
+    trees = d.propose(inputs).trees
     assert [t.draft_token_ids() for t in trees] == d.propose_chains(inputs)
     assert trees[0].draft_token_ids()[:3] == [3, 4, 5][:len(trees[0].draft_token_ids())]
+
+
+def test_capabilities_are_declared_not_probed(trie_path):
+    """The proposer reads `capabilities`: only a trie with an online layer observes outputs;
+    the base class refuses an output a drafter did not ask for."""
+    from vllm_treespec.drafters import Drafter, DrafterCapabilities
+
+    assert _drafter(trie_path, online_mb=1).capabilities == DrafterCapabilities(observes_output=True)
+    offline = _drafter(trie_path)
+    assert offline.capabilities == DrafterCapabilities() and isinstance(offline, Drafter)
+    with pytest.raises(NotImplementedError, match="observes_output"):
+        Drafter.observe_output(offline, np.array([1], dtype=np.int32))

@@ -76,15 +76,15 @@ def test_drafts_stop_where_max_tokens_would_cut_them(proposer):
 def test_trees_are_kept_per_request_and_freed_on_finish(proposer):
     runner = _runner([[1, 2, 3, 9, 1, 2, 3]], ["a"])
     assert proposer.propose_step(runner, _sched(), [[3]]) == [[9, 1, 2, 3]]
-    tree = proposer.trees["a"]
+    tree = proposer.requests.trees["a"]
     assert tree.tokens.tolist() == [3, 9, 1, 2, 3] and tree.parents.tolist() == [-1, 0, 1, 2, 3]
     st = proposer.requests["a"]
     assert (st.steps, st.drafted) == (1, 4)
     runner = _runner([[5, 6, 7]], ["a"])                               # nothing to draft now
     assert proposer.propose_step(runner, _sched(), [[7]]) == [[]]
-    assert "a" not in proposer.trees                                     # no stale tree left
+    assert "a" not in proposer.requests.trees                            # no stale tree left
     proposer.on_requests_finished({"a", "never-seen"})
-    assert proposer.requests == {} and proposer.trees == {}
+    assert len(proposer.requests) == 0 and len(proposer.requests.trees) == 0
 
 
 @pytest.mark.parametrize("reach_floor", [0.0, 0.2])
@@ -99,10 +99,10 @@ def test_finishing_requests_that_hold_trees_and_q_rows_frees_every_table(reach_f
     runner = _runner([[1, 2, 3, 9, 1, 2, 3]] * 3, ids)
     assert p.propose_step(runner, _sched(), [[3]] * 3) == [[9, 1, 2, 3]] * 3
     for r in ids:
-        p.draft_probs[r] = object()          # a sampled tree's q rows, as a sampling drafter leaves
-    assert set(p.trees) == set(ids)
+        p.requests.draft_probs[r] = object()   # a sampled tree's q rows, as a sampling drafter leaves
+    assert set(p.requests.trees) == set(ids)
     p.on_requests_finished(["a", "c"])
-    assert set(p.trees) == {"b"} and set(p.draft_probs) == {"b"} and set(p.requests) == {"b"}
+    assert set(p.requests.trees) == {"b"} and set(p.requests.draft_probs) == {"b"} and set(p.requests) == {"b"}
     p.on_requests_finished(["b", "never-seen"])
     assert all(n == 0 for n in p.tracked_requests().values()), p.tracked_requests()
 
@@ -119,7 +119,7 @@ def test_requests_with_options_trees_cannot_honour_get_no_drafts(proposer):
     assert proposer.requests["logprobs"].fallback_steps == {"logprobs": 1}
     runner.requests["plain"] = SimpleNamespace(sampling_params=SamplingParams(min_tokens=3),
                                                output_token_ids=[1])
-    proposer.requests.pop("plain")
+    proposer.requests.release(["plain"])
     assert proposer.propose_step(runner, _sched(), [[3], [3]])[0] == []      # min_tokens pending
     runner.requests["plain"].output_token_ids = [1, 2, 3]
     assert proposer.propose_step(runner, _sched(), [[3], [3]])[0] == [9, 1, 2, 3]
@@ -152,7 +152,10 @@ def test_bad_config_fails_construction():
 
 
 def test_finished_requests_outputs_reach_online_drafters(proposer):
+    from vllm_treespec.drafters import DrafterCapabilities
+
     seen = []
+    proposer.drafter.capabilities = DrafterCapabilities(observes_output=True)
     proposer.drafter.observe_output = lambda tokens: seen.append(tokens.tolist())
     runner = _runner([[1, 2, 3, 4, 5]], ["a"])
     runner.input_batch.req_id_to_index = {"a": 0}
@@ -162,15 +165,16 @@ def test_finished_requests_outputs_reach_online_drafters(proposer):
 
 
 def test_drafters_that_ask_get_target_states_with_committed_rows(proposer):
+    from vllm_treespec.drafters import DrafterCapabilities
     from vllm_treespec.engine.tree_step import plan_tree_step
     from vllm_treespec.tree import DraftTree
 
     tree = DraftTree([7, 4, 5, 6], [-1, 0, 0, 2])
     step = plan_tree_step(["a", "b"], np.array([4, 3]), {"a": [4, 5, 6]}, {"a": tree},
                           np.array([0, 4, 7]), np.array([10, 0]))   # b: a 3-token prefill chunk
-    proposer._last_verified = (step, np.array([[2, 3, -1, -1]]))    # a accepted nodes 2 then 3
+    proposer.committed.verified(step, np.array([[2, 3, -1, -1]]))   # a accepted nodes 2 then 3
     seen = []
-    proposer.drafter.uses_target_states = True
+    proposer.drafter.capabilities = DrafterCapabilities(uses_target_states=True)
     original = proposer.drafter.propose
     proposer.drafter.propose = lambda inputs: seen.append(inputs.target) or original(inputs)
     runner = _runner([[1, 2, 3, 9, 1, 2, 3], [4, 5, 4]], ["a", "b"])
@@ -199,15 +203,15 @@ def test_reach_floor_caps_each_request_from_its_acceptance():
         "sampled": SimpleNamespace(sampling_params=SamplingParams(temperature=0.8), output_token_ids=[1]),
     }
     assert p.propose_step(runner, _sched(), [[3], [3]]) == [[9, 1, 2, 3]] * 2   # nothing learnt yet
-    assert p._reach_class == {"greedy": "greedy", "sampled": "sampled"}
+    assert {r: p.requests[r].reach_class for r in p.requests} == {"greedy": "greedy", "sampled": "sampled"}
     for _ in range(50):                    # sampled drafts: first node rejected; greedy: all accepted
-        p.reach.observe(["sampled", "greedy"], [4, 4], [0, 4])
-    assert (p.reach.cap("greedy"), p.reach.cap("sampled")) == (4, 1)
-    assert p._reach_means() == {"greedy": 4.0, "sampled": 1.0}
+        p.budget.reach.observe(["sampled", "greedy"], [4, 4], [0, 4])
+    assert (p.budget.reach.cap("greedy"), p.budget.reach.cap("sampled")) == (4, 1)
+    assert p.budget.reach_means(p.requests) == {"greedy": 4.0, "sampled": 1.0}
     assert p.propose_step(runner, _sched(), [[3], [3]]) == [[9, 1, 2, 3], [9]]
     p.on_requests_finished({"greedy", "sampled"})
-    assert p._reach_class == {} and p.reach.tracked() == 0
+    assert len(p.requests) == 0 and p.budget.reach.tracked() == 0
 
 
 def test_reach_floor_off_by_default(proposer):
-    assert proposer.reach is None
+    assert proposer.budget.reach is None

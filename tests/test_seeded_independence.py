@@ -186,7 +186,7 @@ def _serve(batch: dict[str, object], steps: list[dict[str, list[int] | None]], s
         ids = list(batch)
         for r in ids:
             if drafts.get(r):
-                p.trees[r] = DraftTree.chain(1, drafts[r])
+                p.requests.trees[r] = DraftTree.chain(1, drafts[r])
         sched = np.array([len(drafts.get(r) or []) + 1 for r in ids])
         qsl = np.concatenate([[0], np.cumsum(sched)])
         step = p.plan_step(ids, sched, {r: d for r, d in drafts.items() if d}, qsl,
@@ -195,7 +195,7 @@ def _serve(batch: dict[str, object], steps: list[dict[str, list[int] | None]], s
                 for r in ids]
         res = p.sample(runner, step, torch.cat(rows), _vllm_sample(runner, step))
         out.append([t for t in res.sampled_token_ids[ids.index("s")].tolist() if t >= 0])
-    return out, p.generators["s"].get_state(), p
+    return out, p.requests.generators["s"].get_state(), p
 
 
 def test_proposer_sample_keeps_the_seeded_stream_apart_from_vllms_sampler():
@@ -214,7 +214,7 @@ def test_proposer_sample_keeps_the_seeded_stream_apart_from_vllms_sampler():
         emitted.add(tuple(map(tuple, alone)))
         assert mixed == alone, f"seed {seed}"
         assert torch.equal(state_mixed, state_alone), f"seed {seed}"
-        assert p.tracked_requests()["generators"] == 2           # 's' and 'n'; 'lp' is vLLM's
+        assert set(p.requests.generators) == {"s", "n"}          # 'lp' is vLLM's
         p.on_requests_finished(["s", "lp", "n"])
-        assert p.tracked_requests()["generators"] == 0
+        assert len(p.requests.generators) == 0 and p.tracked_requests()["requests"] == 0
     assert len(emitted) > 30                                    # the seeds really sample

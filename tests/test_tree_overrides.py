@@ -35,7 +35,7 @@ def _inputs(overrides=None):
 
 def _trees(drafter_cfg, tree, overrides=None):
     cfg = parse_config({"drafter": drafter_cfg, "tree": tree})
-    return make_drafter(cfg.drafter, None, cfg.tree).propose(_inputs(overrides))
+    return make_drafter(cfg.drafter, None, cfg.tree).propose(_inputs(overrides)).trees
 
 
 def _same(a, b):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_treespec.drafters.base import DraftInputs, Drafter, chain_trees
+from vllm_treespec.drafters.base import DraftInputs, Drafter, DrafterCapabilities, Proposal, chain_trees
 
 
 def make_drafter(drafter_config: Any, tokenizer_dir: str | None = None, tree_config: Any = None, *,
@@ -41,4 +41,4 @@ def make_drafter(drafter_config: Any, tokenizer_dir: str | None = None, tree_con
     raise ValueError(f"drafter.type {kind!r} has no drafter implementation")
 
 
-__all__ = ["DraftInputs", "Drafter", "chain_trees", "make_drafter"]
+__all__ = ["DraftInputs", "Drafter", "DrafterCapabilities", "Proposal", "chain_trees", "make_drafter"]

@@ -1,12 +1,27 @@
 """The drafter interface: what the proposer hands a drafter each step and what it gets back."""
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
 from vllm_treespec.tree import DraftTree
+
+if TYPE_CHECKING:
+    from vllm_treespec.drafters.draft_sampling import DraftProbs
+
+
+@dataclass(frozen=True)
+class DrafterCapabilities:
+    """What a drafter needs from the proposer beyond the token buffer, declared by the drafter
+    (a class attribute, or set in `__init__` where it depends on the config) so the proposer
+    reads it instead of probing for attributes."""
+    uses_target_states: bool = False   # DraftInputs.target: the target's hidden states this step
+    aux_layers: tuple[int, ...] = ()   # vLLM aux hidden-state layer ids it reads (id j = output of layer j - 1)
+    samples_drafts: bool = False       # DraftInputs.sampling is set; Proposal.draft_probs may be
+    observes_output: bool = False      # `observe_output` gets every finished request's output
 
 
 @dataclass
@@ -42,9 +57,9 @@ class DraftInputs:
     rows: np.ndarray
     num_tokens: np.ndarray
     budgets: np.ndarray
-    target: TargetStates | None = None   # set for drafters with `uses_target_states = True`
+    target: TargetStates | None = None   # set for drafters whose capabilities say uses_target_states
     # per request its SamplingParams (temperature, top_k, top_p, min_p, seed; None = unknown),
-    # set for drafters with `samples_drafts = True`
+    # set for drafters whose capabilities say samples_drafts
     sampling: Sequence[Any] | None = None
     tree_overrides: Mapping[str, Any] = field(default_factory=dict)
 
@@ -91,24 +106,38 @@ def chain_trees(inputs: DraftInputs, chains: Sequence[Sequence[int]]) -> list[Dr
     return trees
 
 
-class Drafter(Protocol):
-    """Optionally, ``samples_drafts = True``: the proposer passes `DraftInputs.sampling`, and after
-    each `propose` the drafter's ``last_draft_probs`` maps batch index -> `DraftProbs`
-    (drafters/draft_sampling.py) for every tree whose children were drawn from q; those nodes
-    are verified by recursive rejection sampling, all others by the target-only rule."""
+@dataclass
+class Proposal:
+    """A drafter's answer for one step: `trees[i]` for request i (root-only = no drafts), and for
+    the trees whose children were drawn from the drafter's q (samples_drafts) `draft_probs[i]`,
+    their q rows (drafters/draft_sampling.py): those nodes are verified by recursive rejection
+    sampling, all others by the target-only rule."""
+    trees: list[DraftTree]
+    draft_probs: dict[int, "DraftProbs"] = field(default_factory=dict)
+
+
+class Drafter(ABC):
+    """Proposes a tree per request each step. Subclasses set `name` and, where they need more
+    than the token buffer, `capabilities`; the per-request hooks default to stateless."""
     name: str
-    uses_target_states: bool   # False: the proposer skips collecting TargetStates
+    capabilities: DrafterCapabilities = DrafterCapabilities()
 
     def load(self, target_model: Any) -> None:
         """Called once with the target model (drafters that share its weights use it)."""
 
-    def propose(self, inputs: DraftInputs) -> list[DraftTree]:
+    @abstractmethod
+    def propose(self, inputs: DraftInputs) -> Proposal:
         """One tree per request, rooted at its last token, with at most budgets[i] draft nodes
         in topological order (root-only = no drafts this step)."""
 
+    def observe_output(self, tokens: np.ndarray) -> None:
+        """A finished request's output tokens (called where `capabilities.observes_output`)."""
+        raise NotImplementedError(f"{type(self).__name__} declares observes_output without observe_output")
+
     def on_requests_finished(self, req_ids: Sequence[str]) -> None:
-        """Forget per-request state of finished or aborted requests."""
+        """Forget per-request state of finished or aborted requests (none by default)."""
 
     def tracked_requests(self) -> dict[str, int]:
         """Requests each per-request table holds (a leak check: all 0 once every request
         finished); {} for drafters without per-request state."""
+        return {}

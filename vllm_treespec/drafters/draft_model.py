@@ -19,7 +19,7 @@ candidate set. With `sample` (and `auto`, the default, for the chain / static / 
 builders), the trees of requests with temperature > 0 are DRAWN from
 the drafter's q processed like the request's own sampling (drafters/draft_sampling.py), shaped
 by the draw-order builders of tree/sampled.py, and verified by recursive rejection sampling with
-the q rows handed over in `last_draft_probs`; greedy requests keep top-k trees.
+the q rows handed over in the step's `Proposal.draft_probs`; greedy requests keep top-k trees.
 """
 from __future__ import annotations
 
@@ -29,11 +29,10 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from vllm_treespec.drafters.base import DraftInputs, chain_trees
+from vllm_treespec.drafters.base import DraftInputs, Drafter, DrafterCapabilities, Proposal, chain_trees
 from vllm_treespec.drafters.draft_sampling import DraftProbs, DraftSampler, samples
 from vllm_treespec.drafters.lm.base import DraftLM
 from vllm_treespec.drafters.lm.loading import DraftModelSpec, load_draft_lm
-from vllm_treespec.tree import DraftTree
 from vllm_treespec.tree.bandit import TemplateBandit
 from vllm_treespec.tree.lockstep import builder_steps, run_lockstep
 from vllm_treespec.tree.sampled import sampled_steps
@@ -72,9 +71,8 @@ class _Timing:
         return (self.level_s / self.levels) / (self.target_s / self.steps)
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(Drafter):
     name = "draft_model"
-    uses_target_states = False
 
     def __init__(self, cfg: Any, tokenizer_dir: str | None, tree_config: Any, *, max_model_len: int,
                  max_nodes: int, vocab_limit: int | None = None) -> None:
@@ -97,9 +95,9 @@ class DraftModelDrafter:
             DraftModelSpec(cfg.path, cfg.dtype, cfg.memory_mb, cfg.max_cached_requests),
             served_tokenizer=tokenizer_dir, max_len=max_model_len, max_tree_nodes=tree_nodes + 1)
         self.vocab_limit = vocab_limit
-        self.samples_drafts = cfg.samples_with(self.builder)   # the proposer passes SamplingParams
-        self.sampler = DraftSampler(vocab_limit) if self.samples_drafts else None
-        self.last_draft_probs: dict[int, DraftProbs] = {}     # batch index -> q rows, last propose
+        samples_drafts = cfg.samples_with(self.builder)     # the proposer passes SamplingParams
+        self.capabilities = DrafterCapabilities(samples_drafts=samples_drafts)
+        self.sampler = DraftSampler(vocab_limit) if samples_drafts else None
 
     def load(self, target_model: Any) -> None:
         """The draft model is separate from the target; it was loaded (and checked) at construction."""
@@ -124,20 +122,20 @@ class DraftModelDrafter:
         return {"no_slot": self.no_slot, "evictions": self.lm.evictions, "sampled_trees": self.sampled_trees}
 
     # -- drafting ------------------------------------------------------------------------
-    def propose(self, inputs: DraftInputs) -> list[DraftTree]:
+    def propose(self, inputs: DraftInputs) -> Proposal:
         started = time.perf_counter()
-        self.last_draft_probs = {}
         n = len(inputs)
-        trees = chain_trees(inputs, [()] * n)          # root-only: no drafts
+        out = Proposal(chain_trees(inputs, [()] * n))          # root-only: no drafts
+        trees = out.trees
         want = np.nonzero(np.asarray(inputs.budgets) > 0)[0]
         if want.size == 0:
-            return trees
+            return out
         ids = [inputs.req_ids[i] for i in want.tolist()]
         ok = self.lm.admit(ids)
         self.no_slot += int((~ok).sum())
         want, ids = want[ok], [r for r, o in zip(ids, ok.tolist()) if o]
         if want.size == 0:
-            return trees
+            return out
         contexts = [np.asarray(inputs.context(i, int(inputs.num_tokens[i])), dtype=np.int64)
                     for i in want.tolist()]
         root_lp = self.lm.start_step(ids, contexts)
@@ -160,12 +158,12 @@ class DraftModelDrafter:
         for j, i in enumerate(want.tolist()):
             trees[i] = built[j]
             if j in drawn:
-                self.last_draft_probs[i] = expander.draft_probs(j, built[j].num_nodes)
+                out.draft_probs[i] = expander.draft_probs(j, built[j].num_nodes)
                 self.sampled_trees += int(built[j].num_draft > 0)
             if arms:                               # the bandit learns from the depth actually drafted
                 self.last_draft[ids[j]] = (arms[j], contexts[j].shape[0], int(built[j].depth.max()))
         self.timing.observe(started, time.perf_counter(), expander.calls + 1)
-        return trees
+        return out
 
     def _choose_arm(self, req_id: str, committed: int) -> int:
         bandit = self.bandits.get(req_id)

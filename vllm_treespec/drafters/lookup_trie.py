@@ -16,11 +16,11 @@ same semantics in plain Python, the tests' oracle.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from vllm_treespec.drafters.base import DraftInputs, split_flat_trees
+from vllm_treespec.drafters.base import DraftInputs, Drafter, DrafterCapabilities, Proposal, split_flat_trees
 from vllm_treespec.drafters.ngram_trie import load_checked_trie
 from vllm_treespec.tree import DraftTree
 
@@ -37,9 +37,8 @@ def native_trees(trie: Any, inputs: DraftInputs, **params: Any) -> list[DraftTre
         **params))
 
 
-class LookupTrieDrafter:
+class LookupTrieDrafter(Drafter):
     name = "lookup_trie"
-    uses_target_states = False
 
     def __init__(self, config: Any, tokenizer_dir: str | Path | None, tree: Any = None) -> None:
         self.trie = load_checked_trie(config.path, tokenizer_dir, config.order)
@@ -53,21 +52,14 @@ class LookupTrieDrafter:
         self.online = bool(config.online_mb)
         if self.online:
             self.trie.enable_online(capacity_mb=float(config.online_mb))
+        self.capabilities = DrafterCapabilities(observes_output=self.online)
 
-    def load(self, target_model: Any) -> None:
-        pass
-
-    def propose(self, inputs: DraftInputs) -> list[DraftTree]:
+    def propose(self, inputs: DraftInputs) -> Proposal:
         params = {**self.params, "max_depth": inputs.max_depth(self.max_depth)}   # a table rule's depth
-        return native_trees(self.trie, inputs, chain=self.chain, **params)
+        return Proposal(native_trees(self.trie, inputs, chain=self.chain, **params))
 
     def observe_output(self, tokens: np.ndarray) -> None:
-        """Learn a finished request's output in the trie's online layer (when enabled)."""
-        if self.online and len(tokens) > 0:
+        """Learn a finished request's output in the trie's online layer (drafter.online_mb)."""
+        if len(tokens) > 0:
             self.trie.observe(tokens)
 
-    def on_requests_finished(self, req_ids: Sequence[str]) -> None:
-        pass
-
-    def tracked_requests(self) -> dict[str, int]:
-        return {}    # no per-request state

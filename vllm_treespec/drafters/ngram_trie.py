@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from vllm_treespec.drafters.base import DraftInputs
+from vllm_treespec.drafters.base import DraftInputs, Drafter, DrafterCapabilities, Proposal
 from vllm_treespec.schema import ConfigError
 from vllm_treespec.tree import DraftTree, build_tree
 
@@ -85,9 +85,8 @@ class TrieSignal:
         return self.trie.scorer(self.floor)
 
 
-class NgramTrieDrafter:
+class NgramTrieDrafter(Drafter):
     name = "ngram_trie"
-    uses_target_states = False
 
     def __init__(self, config: Any, tokenizer_dir: str | Path | None, tree: Any = None) -> None:
         self.trie = load_checked_trie(config.path, tokenizer_dir, config.order)
@@ -104,9 +103,7 @@ class NgramTrieDrafter:
         self.online = bool(config.online_mb)
         if self.online:
             self.trie.enable_online(capacity_mb=float(config.online_mb))
-
-    def load(self, target_model: Any) -> None:
-        pass
+        self.capabilities = DrafterCapabilities(observes_output=self.online)
 
     def _native_params(self, builder_params: dict[str, Any]) -> dict[str, Any]:
         """The C++ core's arguments for these tree keys (max_depth; topk caps the children k)."""
@@ -121,9 +118,9 @@ class NgramTrieDrafter:
         rows, ends = inputs.rows[idx], inputs.num_tokens[idx]
         return [inputs.token_ids[r, max(0, e - self.context_len): e] for r, e in zip(rows.tolist(), ends.tolist())]
 
-    def propose(self, inputs: DraftInputs) -> list[DraftTree]:
+    def propose(self, inputs: DraftInputs) -> Proposal:
         if self.native:
-            return self.propose_native(inputs)
+            return Proposal(self.propose_native(inputs))
         params = inputs.tree_params(self.builder_params)
         trees = []
         for i in range(len(inputs)):
@@ -134,7 +131,7 @@ class NgramTrieDrafter:
                 continue
             context = inputs.context(i, self.context_len + 1)[:-1]
             trees.append(build_tree(self.tree_builder, self.expander(context, root), budget, **params))
-        return trees
+        return Proposal(trees)
 
     def propose_native(self, inputs: DraftInputs) -> list[DraftTree]:
         """Chains or best-first trees of all requests in one C++ call (max_matches 0: the trie
@@ -195,12 +192,6 @@ class NgramTrieDrafter:
         return Expander(expand, root=int(root), context=tuple(int(t) for t in context), rho=self.rho)
 
     def observe_output(self, tokens: np.ndarray) -> None:
-        """Learn a finished request's output in the online layer (when enabled)."""
-        if self.online and len(tokens) > 0:
+        """Learn a finished request's output in the online layer (drafter.online_mb)."""
+        if len(tokens) > 0:
             self.trie.observe(tokens)
-
-    def on_requests_finished(self, req_ids: Sequence[str]) -> None:
-        pass
-
-    def tracked_requests(self) -> dict[str, int]:
-        return {}    # no per-request state

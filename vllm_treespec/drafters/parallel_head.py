@@ -24,11 +24,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from vllm_treespec.drafters.base import DraftInputs, chain_trees
+from vllm_treespec.drafters.base import DraftInputs, Drafter, DrafterCapabilities, Proposal, chain_trees
 from vllm_treespec.drafters.heads import DraftHead
 from vllm_treespec.drafters.heads.checkpoint import check_head_dir, load_head
 from vllm_treespec.drafters.lm.loading import DTYPES, resolve_fixture
-from vllm_treespec.tree import DepthTable, DraftTree, build_tree
+from vllm_treespec.tree import DepthTable, build_tree
 
 __all__ = ["HeadDrafter", "target_embedding"]
 
@@ -46,8 +46,7 @@ def target_embedding(model: Any) -> nn.Embedding:
     return nn.Embedding.from_pretrained(weight.detach()[:vocab], freeze=True)
 
 
-class HeadDrafter:
-    uses_target_states = True
+class HeadDrafter(Drafter):
 
     def __init__(self, cfg: Any, tokenizer_dir: str | None, tree_config: Any, *, max_model_len: int,
                  max_nodes: int, vocab_limit: int | None = None) -> None:
@@ -55,6 +54,9 @@ class HeadDrafter:
         self.name = cfg.type
         self.path = resolve_fixture(cfg.path)
         _, self.head_config = check_head_dir(self.path, kind=cfg.type)
+        # vLLM aux ids of the head's feature layers (feature layer i = output of layer i = id i+1)
+        self.capabilities = DrafterCapabilities(
+            uses_target_states=True, aux_layers=tuple(sorted(l + 1 for l in self.head_config.feature_layers)))
         self.builder = tree_config.builder if tree_config is not None else "chain"
         self.params = tree_config.builder_params() if tree_config is not None else {}
         self.rho = None
@@ -69,11 +71,6 @@ class HeadDrafter:
         self.restarts = 0                       # caches restarted at a gap in positions
         self.evictions = 0                      # caches dropped to stay under drafter.memory_mb
         self.max_model_len = max_model_len
-
-    @property
-    def aux_layers(self) -> tuple[int, ...]:
-        """vLLM aux ids of the head's feature layers (feature layer i = output of layer i = id i+1)."""
-        return tuple(sorted(l + 1 for l in self.head_config.feature_layers))
 
     def load(self, target_model: Any) -> None:
         embed = target_embedding(target_model)
@@ -119,17 +116,17 @@ class HeadDrafter:
             self.evictions += 1
 
     # -- per step -------------------------------------------------------------------------
-    def propose(self, inputs: DraftInputs) -> list[DraftTree]:
+    def propose(self, inputs: DraftInputs) -> Proposal:
         n = len(inputs)
         trees = chain_trees(inputs, [()] * n)
         target = inputs.target
         if self.head is None or target is None or not target.aux:
-            return trees
+            return Proposal(trees)
         with torch.inference_mode():
             self._commit(inputs)
             want = [i for i in range(n) if inputs.budgets[i] > 0 and inputs.req_ids[i] in self.caches]
             if not want:
-                return trees
+                return Proposal(trees)
             logprobs = self.head.draft([self.caches[inputs.req_ids[i]] for i in want])
         if self.vocab_limit is not None and self.vocab_limit < logprobs.shape[-1]:
             logprobs[..., self.vocab_limit:] = -torch.inf
@@ -144,7 +141,7 @@ class HeadDrafter:
             table = DepthTable(top_ids[j], top_lp[j], root,
                                context=context, rho=self.rho)
             trees[i] = build_tree(self.builder, table, int(inputs.budgets[i]), **params)
-        return trees
+        return Proposal(trees)
 
     def _commit(self, inputs: DraftInputs) -> None:
         """Append each request's committed rows of this step to its head cache."""

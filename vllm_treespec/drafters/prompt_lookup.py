@@ -7,18 +7,16 @@ C++ without the GIL), so there is nothing to resync after preemption or to free 
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from vllm_treespec.drafters.base import DraftInputs, chain_trees
+from vllm_treespec.drafters.base import DraftInputs, Drafter, Proposal, chain_trees
 from vllm_treespec.native import native
-from vllm_treespec.tree import DraftTree
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(Drafter):
     name = "prompt_lookup"
-    uses_target_states = False
 
     def __init__(self, config: Any, tree: Any = None) -> None:
         self.min_ngram = int(config.min_ngram)
@@ -29,18 +27,15 @@ class PromptLookupDrafter:
         self.max_depth = (tree.max_depth if tree is not None else None) or 1 << 20
         self._C = native()
 
-    def load(self, target_model: Any) -> None:
-        pass
-
-    def propose(self, inputs: DraftInputs) -> list[DraftTree]:
+    def propose(self, inputs: DraftInputs) -> Proposal:
         if self.tree_builder == "best_first":
             from vllm_treespec.drafters.lookup_tree import lookup_trees
 
-            return lookup_trees(inputs.token_ids, inputs.rows, inputs.num_tokens, inputs.budgets,
+            return Proposal(lookup_trees(inputs.token_ids, inputs.rows, inputs.num_tokens, inputs.budgets,
                                 min_ngram=self.min_ngram, max_ngram=self.max_ngram,
                                 max_matches=self.max_matches, max_depth=inputs.max_depth(self.max_depth),
-                                continue_prob=self.continue_prob)
-        return chain_trees(inputs, self.propose_chains(inputs))
+                                continue_prob=self.continue_prob))
+        return Proposal(chain_trees(inputs, self.propose_chains(inputs)))
 
     def propose_chains(self, inputs: DraftInputs) -> list[list[int]]:
         """The best match's continuation per request (at most budgets[i] and max_depth tokens)."""
@@ -58,9 +53,3 @@ class PromptLookupDrafter:
             if n:
                 out[i] = drafts[j, :n].tolist()
         return out
-
-    def on_requests_finished(self, req_ids: Sequence[str]) -> None:
-        pass
-
-    def tracked_requests(self) -> dict[str, int]:
-        return {}    # no per-request state

@@ -14,7 +14,9 @@ Why each exists:
   trees, rewrite tree rows' positions to num_computed + depth (slots stay contiguous) and
   publish the step's tree plan for the attention backend (engine/tree_step.py). Steps whose
   nodes all lie on their tree's first chain keep vLLM's positions (they are equal) and skip the
-  slot gather (compaction cannot move anything there).
+  slot gather (compaction cannot move anything there). The plan travels on the proposer
+  (`TreeProposer.plan`) to the patches below, and through engine/tree_step.py's process global
+  to the attention backends (`_publish_plan` says why).
 - `_determine_batch_execution_and_padding`: a step with branching trees (its plan has tree
   rows to recompute) dispatches with CUDA graph mode FULL excluded: the attention backend
   overwrites those rows in Python (engine/tree_attention_triton.py), which a FULL graph
@@ -45,9 +47,22 @@ REGISTRY = PatchRegistry()
 
 def _tree_proposer(runner: Any) -> Any:
     from vllm_treespec.engine.proposer import TreeProposer
+    from vllm_treespec.engine.runner_state import runner_drafter
 
-    drafter = getattr(runner, "drafter", None)
+    drafter = runner_drafter(runner)
     return drafter if isinstance(drafter, TreeProposer) else None
+
+
+def _publish_plan(proposer: Any, step: Any) -> None:
+    """This step's tree plan (None: withdrawn) for the patches, on the proposer, and for the
+    attention backends, through the process global `tree_step.set_current_step`: vLLM constructs
+    the backends' metadata builders and calls their forward with metadata it builds itself, so
+    the plan cannot be handed to them along vLLM's metadata path."""
+    from vllm_treespec.engine.tree_step import set_current_step
+
+    if proposer is not None:
+        proposer.plan = step
+    set_current_step(step)
 
 
 def _wrap_propose_draft_token_ids(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -77,12 +92,11 @@ def _wrap_update_states(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _wrap_prepare_inputs(original: Callable[..., Any]) -> Callable[..., Any]:
     def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
-        from vllm_treespec.engine.runner_state import step_slot_mapping
-        from vllm_treespec.engine.tree_step import set_current_step
+        from vllm_treespec.engine.runner_state import step_batch, step_query_start, step_slot_mapping
 
-        set_current_step(None)
         started = time.perf_counter()
         proposer = _tree_proposer(self)
+        _publish_plan(proposer, None)
         if proposer is not None and not scheduler_output.scheduled_spec_decode_tokens:
             # free idle step: no request carries drafts, so vLLM prepares a plain step (no
             # spec-decode metadata, one logits row per request, its plain sampler); vLLM 0.32 keys
@@ -93,23 +107,21 @@ def _wrap_prepare_inputs(original: Callable[..., Any]) -> Callable[..., Any]:
             finally:
                 self.speculative_config = spec_config
             proposer.step_started_at = started
-            proposer.plan_plain_step(self.query_start_loc.np[:self.input_batch.num_reqs + 1])
+            proposer.plan_plain_step(step_query_start(self))
             return result
         result = original(self, scheduler_output, num_scheduled_tokens)
         if proposer is None:
             return result
         proposer.step_started_at = started
         plan_started = time.perf_counter()
-        num_reqs = self.input_batch.num_reqs
-        step = proposer.plan_step(
-            list(self.input_batch.req_ids)[:num_reqs], num_scheduled_tokens,
-            scheduler_output.scheduled_spec_decode_tokens, self.query_start_loc.np[:num_reqs + 1],
-            self.input_batch.num_computed_tokens_cpu[:num_reqs])
+        req_ids, query_start_loc, num_computed = step_batch(self)
+        step = proposer.plan_step(req_ids, num_scheduled_tokens, scheduler_output.scheduled_spec_decode_tokens,
+                                  query_start_loc, num_computed)
         if not step.chain_shaped:       # see TreeStep.chain_shaped
             self.positions[step.node_rows.to(self.positions.device)] = step.positions.to(self.positions.device)
             step.slot_mapping = step_slot_mapping(self, step.node_rows)
         step.plan_seconds = time.perf_counter() - plan_started
-        set_current_step(step)
+        _publish_plan(proposer, step)
         return result
 
     return _prepare_inputs
@@ -133,10 +145,9 @@ class _NoFullGraphs:
 
 def _wrap_determine_batch_execution(original: Callable[..., Any]) -> Callable[..., Any]:
     def _determine_batch_execution_and_padding(self, *args, **kwargs):
-        from vllm_treespec.engine.tree_step import current_step
-
-        step = current_step()
-        if step is None or step.attn is None or _tree_proposer(self) is None:
+        proposer = _tree_proposer(self)
+        step = proposer.plan if proposer is not None else None
+        if step is None or step.attn is None:
             return original(self, *args, **kwargs)
         dispatcher = self.cudagraph_dispatcher
         self.cudagraph_dispatcher = _NoFullGraphs(dispatcher)
@@ -151,7 +162,8 @@ def _wrap_determine_batch_execution(original: Callable[..., Any]) -> Callable[..
 def _wrap_setup_aux(original: Callable[..., Any]) -> Callable[..., Any]:
     def _setup_eagle3_aux_hidden_state_outputs(self):
         proposer = _tree_proposer(self)
-        layers = proposer.aux_layers() if proposer is not None else ()
+        # vLLM aux-hidden-state layer ids the drafter reads (id j = output of layer j - 1)
+        layers = proposer.drafter.capabilities.aux_layers if proposer is not None else ()
         if not layers:
             return original(self)
         from vllm.model_executor.models.interfaces import supports_eagle3
@@ -171,11 +183,9 @@ def _wrap_setup_aux(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _wrap_sample(original: Callable[..., Any]) -> Callable[..., Any]:
     def _sample(self, logits, spec_decode_metadata):
-        from vllm_treespec.engine.tree_step import current_step, set_current_step
-
-        step = current_step()
-        set_current_step(None)
         proposer = _tree_proposer(self)
+        step = proposer.plan if proposer is not None else None
+        _publish_plan(proposer, None)
         if proposer is not None and spec_decode_metadata is None and logits is not None \
                 and proposer.plain_step:
             # a free idle step: vLLM samples; seeded sampled requests keep their own stream

@@ -262,7 +262,11 @@ def _attention_plan(step: TreeStep) -> AttentionPlan | None:
         tree_rows=step.node_rows[torch.from_numpy(nodes)], tree_anc_mask=torch.from_numpy(anc))
 
 
-# The plan of the step being executed in this worker process (None outside verification).
+# The plan of the step being executed in this worker process (None outside verification), for
+# the attention backends only. A process global because vLLM constructs the backends' metadata
+# builders and calls their forward with metadata it builds itself: nothing on vLLM's metadata
+# path can carry the plan to them. Everything else (the runner patches, sampling) reads it from
+# the proposer (`TreeProposer.plan`, set beside this one in runner_patches._publish_plan).
 _CURRENT: TreeStep | None = None
 
 

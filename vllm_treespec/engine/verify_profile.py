@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from vllm_treespec.engine.runner_state import dummy_forward
+
 __all__ = ["profile_sizes", "measure_step_seconds"]
 
 
@@ -48,12 +50,12 @@ def measure_step_seconds(runner: Any, sizes: list[int], repeats: int = 3) -> lis
     points = []
     with torch.random.fork_rng(devices=devices):
         for q in sizes:
-            runner._dummy_run(q, force_attention=True)
+            dummy_forward(runner, q)
             times = []
             for _ in range(repeats):
                 _synchronize()
                 start = time.perf_counter()
-                runner._dummy_run(q, force_attention=True)
+                dummy_forward(runner, q)
                 _synchronize()
                 times.append(time.perf_counter() - start)
             points.append((q, statistics.median(times)))

@@ -1,0 +1,222 @@
+"""How many draft nodes each request may get this step, and what each step teaches the rules that
+decide it.
+
+The rules: the load-dependent budget policy (budget.mode: fixed, table, auto; chosen per step from
+the decoding batch), then per request max_model_len, max_tokens, the request's own cap,
+budget.reach_floor (budget/reach.py) and budget.gain (budget/gain.py). They learn from the
+measured step times and from the depths each verified tree reached and accepted.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from vllm_treespec.budget import make_budget_policy
+from vllm_treespec.budget.gain import GAIN_DECISIONS, GainControl, decision_kind
+from vllm_treespec.budget.reach import ReachCap
+from vllm_treespec.config import TreespecConfig
+from vllm_treespec.engine.request_table import RequestTable
+from vllm_treespec.engine.runner_state import request_limits, request_temperature, total_scheduled_tokens
+from vllm_treespec.engine.tree_stats import TreeStats
+from vllm_treespec.engine.tree_step import TreeStep
+
+from vllm.logger import init_logger
+
+logger = init_logger(f"vllm.{__name__}")
+
+__all__ = ["BudgetControl"]
+
+
+class BudgetControl:
+    def __init__(self, config: TreespecConfig, num_speculative_tokens: int, stats: TreeStats,
+                 vllm_config: Any) -> None:
+        self.node_budget = config.node_budget(num_speculative_tokens)
+        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        sched = vllm_config.scheduler_config
+        # the largest verify step the deployment can schedule (the startup profile's range)
+        self._max_verify_tokens = min(int(sched.max_num_batched_tokens),
+                                      int(sched.max_num_seqs) * (1 + self.node_budget))
+        self.stats = stats
+        self.config = config.budget
+        self.policy = make_budget_policy(config.budget, num_speculative_tokens)
+        # budget.reach_floor: no deeper than each request accepts with that probability
+        floor = config.budget.reach_floor
+        self.reach = ReachCap(floor, max_depth=self.node_budget) if floor > 0 else None
+        # budget.gain: each request drafts only what pays at the current load
+        gain = config.budget.gain
+        self.gain = GainControl(
+            self.node_budget, probe_every=gain.probe_every, max_probe_every=gain.max_probe_every,
+            probe_nodes=gain.probe_nodes, fixed_row_cost=gain.fixed_row_cost,
+            fixed_request_cost=gain.fixed_request_cost, margin=gain.margin,
+            calibrate_every=gain.calibrate_every) if gain.enabled else None
+        # auto budgets depend on each rank's own timings: rank 0's choice is broadcast every step
+        # so all tensor-parallel ranks draft the same trees
+        self._sync = (config.budget.mode == "auto"
+                      and int(vllm_config.parallel_config.tensor_parallel_size) > 1)
+        # the last verified step's (budgets, accepted, drafted) per tree, for the policy's observe
+        self._verified: tuple[list[int], list[int], list[int]] | None = None
+        self.draft_seconds = 0.0       # the last drafting call's seconds
+        self.spec_overhead = 0.0       # the last speculative step's seconds outside the forward
+        self.last_propose_end: float | None = None    # when the last drafts were returned
+
+    def profile_verify_cost(self, runner: Any) -> None:
+        """budget.mode auto without budget.auto.profile (and startup_profile on): time the target's
+        forward at 1, 2, 4, ... query tokens (engine/verify_profile.py) and seed the policy's cost
+        model."""
+        auto = self.config.auto
+        if self.config.mode != "auto" or auto.profile is not None or not auto.startup_profile:
+            return
+        from vllm_treespec.engine.verify_profile import measure_step_seconds, profile_sizes
+
+        start = time.perf_counter()
+        points = measure_step_seconds(runner, profile_sizes(self._max_verify_tokens))
+        self.policy.cost.seed(points)
+        logger.info("TreeProposer: verify cost profiled in %.1f s (query tokens -> ms): %s",
+                    time.perf_counter() - start, ", ".join(f"{q}: {s * 1e3:.2f}" for q, s in points))
+
+    def release(self, req_ids: Sequence[str]) -> None:
+        if self.reach is not None:
+            self.reach.release(req_ids)
+        if self.gain is not None:
+            self.gain.release(req_ids)
+
+    def tracked(self) -> dict[str, int]:
+        """Requests the reach and gain rules still hold (a leak check)."""
+        counts = {}
+        if self.reach is not None:
+            counts["reach"] = self.reach.tracked()
+        if self.gain is not None:
+            counts["gain"] = self.gain.tracked()
+        return counts
+
+    # -- per step: the caps ---------------------------------------------------------------------
+    def caps(self, requests: RequestTable, runner: Any, req_ids: Sequence[str], lengths: Sequence[int],
+             decoding: Sequence[bool], budget: int) -> tuple[list[int], Any]:
+        """(node cap per request, the policy's BudgetChoice): 0 for requests that do not decode
+        or may not draft this step (their fallback reason is counted)."""
+        active = [t for t, d in zip(lengths, decoding) if d]
+        choice = self.policy.choose(len(active), sum(active) // len(active) if active else 0)
+        chosen = _broadcast_from_first_rank(choice.nodes) if self._sync else choice.nodes
+        if active:
+            self.stats.observe_budget_choice(chosen)
+        budget = min(budget, chosen)
+        caps = [min(budget, max(self.max_model_len - t, 0)) if d else 0 for t, d in zip(lengths, decoding)]
+        gain_costs = None     # budget.gain's row and request costs, once per step
+        gain_counts: dict[str, int] = {}
+        if self.gain is not None:
+            self.gain.begin_step()
+        for i, cap in enumerate(caps):
+            if not cap:
+                continue
+            req_id = req_ids[i]
+            reason = requests.blocker(req_id, runner)
+            st = requests[req_id]
+            if reason is not None:
+                caps[i] = 0
+                st.fallback_steps[reason] = st.fallback_steps.get(reason, 0) + 1
+                self.stats.observe_fallback(reason)
+                continue
+            caps[i] = min(cap, self._output_room(runner, req_id, lengths[i]))
+            if st.max_nodes is not None:
+                caps[i] = min(caps[i], st.max_nodes)
+            if self.reach is not None:
+                st.reach_class = ReachCap.sampling_class(request_temperature(runner, req_id))
+                caps[i] = min(caps[i], self.reach.cap(req_id))
+            if self.gain is not None and caps[i] > 0:
+                if gain_costs is None:
+                    gain_costs = self.gain.measured_costs()
+                    gain_counts = dict.fromkeys(GAIN_DECISIONS, 0)
+                decision = self.gain.decide(req_id, caps[i], st.seeded_sampled, gain_costs, st.gain_class)
+                caps[i] = decision.nodes
+                gain_counts[decision_kind(decision, self.gain.calibrating)] += 1
+        if gain_costs is not None:
+            self.stats.observe_gain(gain_counts, gain_costs, self.gain.cost.coefficients())
+        return caps, choice
+
+    def _output_room(self, runner: Any, req_id: str, num_tokens: int) -> int:
+        """Drafts the request can still emit: max_tokens minus its output so far, minus the token
+        the next step emits anyway. Deeper nodes would be verified rows whose tokens are cut
+        (and counted as accepted by vLLM's spec-decode counters although never emitted)."""
+        limits = request_limits(runner, req_id)
+        if limits is None:
+            return self.node_budget
+        max_tokens, num_prompt = limits
+        return max(max_tokens - (num_tokens - num_prompt) - 1, 0)
+
+    # -- learning -------------------------------------------------------------------------------
+    def observe_verified(self, requests: RequestTable, step: TreeStep, accepted_len: list[int],
+                         sizes: list[int]) -> None:
+        """A verified step's trees: per tree its budget, accepted and drafted nodes (for the
+        policy, at the next `observe_step`), and the depths reached (reach and gain rules)."""
+        self._verified = ([st.budget_given if (st := requests.get(r)) is not None else 0 for r in step.req_ids],
+                          accepted_len, sizes)
+        if (self.reach is None and self.gain is None) or not step.num_trees:
+            return
+        offsets = step.trees.offsets.numpy()
+        depths = np.maximum.reduceat(step.trees.depth.numpy(), offsets[:-1]).tolist()
+        if self.reach is not None:
+            self.reach.observe(step.req_ids, depths, accepted_len)
+            self.stats.observe_reach(self.reach_means(requests))
+        if self.gain is not None:
+            self.gain.observe_trees(step.req_ids, depths, accepted_len)
+
+    def reach_means(self, requests: RequestTable) -> dict[str, float]:
+        """Mean reach cap of the live requests of each sampling class (for stats and /metrics)."""
+        assert self.reach is not None
+        per: dict[str, list[int]] = {}
+        for req_id in requests:
+            cls = requests[req_id].reach_class
+            if cls is not None:
+                per.setdefault(cls, []).append(self.reach.cap(req_id))
+        return {cls: sum(c) / len(c) for cls, c in per.items()}
+
+    def observe_step(self, scheduler_output: Any, started_at: float | None) -> None:
+        """Tell the budget policy what the step that just ran cost and how much it accepted:
+        target seconds from `_prepare_inputs` (`started_at`) to here (forward + verification),
+        the previous drafting time, and per verified tree its budget, accepted and drafted nodes."""
+        if started_at is None:
+            self._verified = None
+            return
+        now = time.perf_counter()
+        seconds = now - started_at
+        query = total_scheduled_tokens(scheduler_output)
+        budgets, accepted, drafted = self._verified or ([], [], [])
+        self._verified = None
+        if self.gain is not None and query > 0:
+            # budget.gain prices a step by its whole period, drafting excluded (counted apart):
+            # the engine core's scheduling and output handling between worker steps is part of
+            # what every step costs (vLLM runs speculative configs without async scheduling)
+            period = now - self.last_propose_end if self.last_propose_end is not None else seconds
+            self._observe_gain_step(scheduler_output, query, period if period < 20 * seconds else seconds,
+                                    accepted, budgets)
+        if query > 0:
+            self.policy.observe(query_tokens=query, step_seconds=seconds, budgets=budgets,
+                                accepted=accepted, drafted=drafted, drafter_seconds=self.draft_seconds)
+
+    def _observe_gain_step(self, scheduler_output: Any, query: int, seconds: float,
+                           accepted: list[int], budgets: list[int]) -> None:
+        """budget.gain learns step costs from decode steps only (a prompt chunk's rows cost
+        differently): query rows = one per request plus the scheduled drafts."""
+        drafts = scheduler_output.scheduled_spec_decode_tokens
+        num_reqs = len(scheduler_output.num_scheduled_tokens)
+        if query != num_reqs + sum(len(d) for d in drafts.values()):
+            return
+        self.gain.observe_step(seconds, query, bool(drafts), num_reqs + sum(accepted),
+                               drafting=sum(1 for b in budgets if b > 0),
+                               drafter_seconds=self.draft_seconds, overhead_seconds=self.spec_overhead)
+
+
+def _broadcast_from_first_rank(value: int) -> int:
+    """`value` of tensor-parallel rank 0, on every rank (a one-integer broadcast on the CPU group)."""
+    import torch.distributed as dist
+    from vllm.distributed.parallel_state import get_tp_group
+
+    group = get_tp_group()
+    if group.world_size == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.broadcast(t, src=group.ranks[0], group=group.cpu_group)
+    return int(t.item())

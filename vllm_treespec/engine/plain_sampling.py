@@ -1,0 +1,49 @@
+"""Sampling a free idle step (no request carried drafts; the `_prepare_inputs` patch let vLLM
+prepare it as a plain step): vLLM's plain sampler output, with the tokens of seeded sampled
+requests re-drawn by tree acceptance from their own generators (root-only trees). Such a request
+draws from the same stream whether or not other requests in its steps drafted, so its tokens do
+not depend on other traffic. Others keep vLLM's token.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from vllm_treespec.engine.request_table import RequestTable
+from vllm_treespec.engine.runner_state import (batch_req_ids, discarded_rows, num_computed_tokens,
+                                               request_sampling, runner_device)
+from vllm_treespec.engine.tree_step import plan_tree_step
+from vllm_treespec.engine.tree_verifier import SAMPLING_EPS, acceptance_generators, verify_step
+
+__all__ = ["sample_plain_step"]
+
+
+def sample_plain_step(runner: Any, logits: Any, vllm_sample: Callable[[], Any], query_start_loc: np.ndarray,
+                      requests: RequestTable, coin_rows: int) -> Any:
+    """vLLM's SamplerOutput for the plain step whose query_start_loc [num_reqs + 1] is given,
+    seeded sampled requests (that trees may serve) re-drawn from their own streams."""
+    from vllm.v1.outputs import SamplerOutput
+
+    num_reqs = int(query_start_loc.size - 1)
+    ids_all = batch_req_ids(runner, num_reqs)
+    params = request_sampling(runner, ids_all)
+    discarded = discarded_rows(runner, num_reqs)
+    rows = [i for i, p in enumerate(params)
+            if p.seed is not None and float(p.temperature) >= SAMPLING_EPS and not discarded[i]
+            and requests.blocker(ids_all[i], runner) is None]
+    if not rows:
+        return vllm_sample()
+    include = np.asarray(rows, dtype=np.int64)
+    own_logits = logits[torch.from_numpy(include)].clone()    # vLLM's sampler edits logits in place
+    out = vllm_sample()
+    ids = [ids_all[i] for i in rows]
+    sub = [params[i] for i in rows]
+    step = plan_tree_step(ids, np.ones(len(rows), dtype=np.int64), {}, {},
+                          np.arange(len(rows) + 1, dtype=np.int64), num_computed_tokens(runner)[include])
+    gens = acceptance_generators(requests.generators, ids, sub, runner_device(runner))
+    tokens, _ = verify_step(step, own_logits, sub, gens, None, None, coin_rows=coin_rows)
+    sampled = out.sampled_token_ids.clone()
+    sampled[torch.from_numpy(include)] = tokens.to(sampled.dtype)
+    return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=out.logprobs_tensors)
