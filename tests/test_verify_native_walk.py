@@ -173,3 +173,17 @@ def test_bad_parameters_and_max_depth_are_named() -> None:
     with pytest.raises(ValueError, match="generators has 2 entries"):
         accept_target_only(tree, logits, SamplingParamsBatch.from_lists([0.7]),
                            [torch.Generator(), torch.Generator()])
+
+
+def test_the_walk_benchmark_runs(tmp_path) -> None:
+    """benchmarks/bench_sampled_walk.py (the committed record's script) on a tiny grid."""
+    import json
+
+    from benchmark_modules import load_benchmark
+
+    out = tmp_path / "walk.json"
+    load_benchmark("bench_sampled_walk").main(["--batch", "2", "--nodes", "1", "4", "--calls", "3",
+                                               "--rounds", "1", "--output", str(out)])
+    rows = json.loads(out.read_text())["results"]
+    assert {(r["nodes"], r["seeded"]) for r in rows} == {(1, False), (1, True), (4, False), (4, True)}
+    assert all(r["native_ms"] > 0 and r["torch_ms"] > 0 for r in rows)
