@@ -46,25 +46,29 @@ def native_row_inputs(logits: torch.Tensor, params: SamplingParamsBatch,
     break in torch's sort order, as in vLLM's sampler) and handed over at temperature 1 without
     filters. params: one entry per request; request_of_row: the request of each logits row
     (None: row i is request i). Raises on parameters out of range (the caller names them)."""
-    temperature = torch.as_tensor(params.temperature).to(torch.float32).clone()
-    top_k = torch.as_tensor(params.top_k)
-    if top_k.dtype.is_floating_point:
+    top_k_in = torch.as_tensor(params.top_k)
+    if top_k_in.dtype.is_floating_point:
         raise TypeError("sampling.top_k must hold integers")
-    top_k = top_k.to(torch.int64).clone()
-    top_p = torch.as_tensor(params.top_p).to(torch.float32)
-    min_p = torch.as_tensor(params.min_p).to(torch.float32)
-    if not bool(((top_p > 0) & (top_p <= 1) & (min_p >= 0) & (min_p <= 1)).all()):
+    temperature, top_k = _host(params.temperature, torch.float32), _host(top_k_in, torch.int64)
+    top_p, min_p = _host(params.top_p, torch.float32), _host(params.min_p, torch.float32)
+    if not ((top_p > 0) & (top_p <= 1) & (min_p >= 0) & (min_p <= 1)).all():
         raise ValueError("sampling.top_p / min_p out of range")
     rows = logits.detach().to(torch.float32)
     in_torch = ((top_p < 1) | (min_p != 0)) & (temperature >= SAMPLING_EPS)
-    if bool(in_torch.any()):
+    if in_torch.any():
         request = torch.arange(rows.shape[0]) if request_of_row is None else request_of_row
-        index = in_torch[request].nonzero().squeeze(1)
+        index = torch.from_numpy(in_torch)[request].nonzero().squeeze(1)
         rows = rows.clone()
         rows[index] = process_logits(rows[index], params.rows(request[index]))
+        temperature, top_k = temperature.copy(), top_k.copy()
         temperature[in_torch] = 1.0
         top_k[in_torch] = 0
-    return rows.contiguous().numpy(), temperature.numpy(), top_k.numpy()
+    return rows.contiguous().numpy(), temperature, top_k
+
+
+def _host(values: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
+    """A parameter column as a host array of `dtype` (a view when it already is one)."""
+    return torch.as_tensor(values).to(dtype).numpy()
 
 
 def sample_categorical(weights: torch.Tensor, coins: torch.Tensor) -> torch.Tensor:
