@@ -160,7 +160,8 @@ py::list find_suffix_matches(I32Array tokens, int min_n, int max_n, int k, int m
 
 void register_ngram(py::module_& m);  // csrc/ngram/ngram_bindings.cpp
 namespace treespec::verify {
-void register_verify(py::module_& m);  // csrc/verify/greedy_walk.cpp
+void register_verify(py::module_& m);          // csrc/verify/greedy_walk.cpp
+void register_sampled_walk(py::module_& m);    // csrc/verify/sampled_walk.cpp
 }
 
 PYBIND11_MODULE(_C, m) {
@@ -181,4 +182,5 @@ PYBIND11_MODULE(_C, m) {
   treespec::tree::bind_tree(m);  // n-gram scorers, tree builders (csrc/tree/)
   register_ngram(m);
   treespec::verify::register_verify(m);  // greedy tree acceptance walk (csrc/verify/)
+  treespec::verify::register_sampled_walk(m);  // target-only sampled walk and row draws
 }

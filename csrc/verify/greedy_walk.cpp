@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "tree_walk.h"
+
 namespace py = pybind11;
 
 namespace treespec::verify {
@@ -27,14 +29,7 @@ py::tuple greedy_tree_walk(I64Array offsets, I64Array tokens, I64Array parents, 
   const int64_t* tok = tokens.data();
   const int64_t* par = parents.data();
   const int64_t* tgt = target.data();
-  if (off[0] != 0 || off[b] != t) throw std::invalid_argument("greedy_tree_walk: offsets must span [0, T]");
-  for (int64_t r = 0; r < b; ++r) {
-    if (off[r + 1] <= off[r]) throw std::invalid_argument("greedy_tree_walk: every request needs a root");
-    if (par[off[r]] != -1) throw std::invalid_argument("greedy_tree_walk: root parent must be -1");
-    for (int64_t i = off[r] + 1; i < off[r + 1]; ++i)
-      if (par[i] < 0 || par[i] >= i - off[r])
-        throw std::invalid_argument("greedy_tree_walk: bad parent at row " + std::to_string(i));
-  }
+  const ChildLists lists = check_tree_batch("greedy_tree_walk", off, b, par, tok, t);
   py::array_t<int64_t> emitted({b, width}), nodes({b, width}), count(b);
   int64_t* em = emitted.mutable_data();
   int64_t* nd = nodes.mutable_data();
@@ -43,21 +38,12 @@ py::tuple greedy_tree_walk(I64Array offsets, I64Array tokens, I64Array parents, 
     py::gil_scoped_release release;
     std::fill(em, em + b * width, -1);
     std::fill(nd, nd + b * width, -1);
-    // first_child / next_sibling in node order (global row indices)
-    std::vector<int64_t> first(t, -1), next(t, -1);
-    for (int64_t r = 0; r < b; ++r)
-      for (int64_t i = off[r + 1] - 1; i > off[r]; --i) {
-        const int64_t p = off[r] + par[i];
-        next[i] = first[p];
-        first[p] = i;
-      }
     for (int64_t r = 0; r < b; ++r) {
       int64_t cur = off[r], level = 0;
       while (level < width) {
         const int64_t x = tgt[cur];
         em[r * width + level] = x;
-        int64_t child = first[cur];
-        while (child >= 0 && tok[child] != x) child = next[child];
+        const int64_t child = child_with_token(lists, tok, cur, x);
         if (child < 0 || level + 1 >= width) break;
         nd[r * width + level] = child - off[r];
         cur = child;

@@ -45,14 +45,23 @@ from __future__ import annotations
 
 from typing import Any, Callable, Literal
 
+import numpy as np
 import torch
 
+from vllm_treespec.native import native
 from vllm_treespec.verify.coins import ACCEPT_COIN, DRAW_COIN, Generators, draw_coins
 from vllm_treespec.verify.greedy import greedy_walk
 from vllm_treespec.verify.result import AcceptResult
 from vllm_treespec.verify.rrs_inputs import check_draft_probs, check_node_draws, check_num_draws
-from vllm_treespec.verify.rules import find_child, recursive_rejection, sample_categorical
+from vllm_treespec.verify.rules import (
+    draw_target_tokens,
+    find_child,
+    native_row_inputs,
+    recursive_rejection,
+    sample_categorical,
+)
 from vllm_treespec.verify.sampling_params import (
+    SAMPLING_EPS,
     SamplingParamsBatch,
     greedy_tokens,
     process_logits,
@@ -135,9 +144,7 @@ def _accept_roots(offsets: torch.Tensor, logits: torch.Tensor,
     s = (~is_greedy).nonzero().squeeze(1)
     if s.numel():
         assert coins is not None
-        probs = torch.softmax(process_logits(logits[s], params.rows(s), inplace=True),
-                              dim=-1, dtype=torch.float32).to(torch.float64)
-        picked[s] = sample_categorical(probs, coins[s, DRAW_COIN])
+        picked[s] = draw_target_tokens(logits[s], params.rows(s), coins[s, DRAW_COIN])
     emitted = torch.full((num_requests, width), -1, dtype=torch.int64, device=device)
     emitted[:, 0] = picked
     nodes = torch.full((num_requests, width), -1, dtype=torch.int64, device=device)
@@ -179,16 +186,18 @@ LOOKUP = -2   # a sampled pick whose child the walk finds by token match
 SampledPick = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-def _greedy_requests(layout: TreeLayout, logits: torch.Tensor, width: int,
+def _greedy_requests(fields: tuple[torch.Tensor, ...], request_of_row: torch.Tensor,
+                     logits: torch.Tensor, width: int,
                      is_greedy: torch.Tensor) -> tuple[torch.Tensor, AcceptResult]:
     """(batch indices, result) of the greedy requests of a sampled batch, decided by the greedy
-    walk (greedy.py: C++ on the host, Triton on CUDA) over their own trees."""
+    walk (greedy.py: C++ on the host, Triton on CUDA) over their own trees. fields: the batch's
+    (offsets, tokens, parents, ...)."""
+    offsets, tokens, parents = fields[:3]
     reqs = is_greedy.nonzero().squeeze(1)
-    rows = is_greedy[layout.request_of_row]
-    offsets = torch.zeros(reqs.numel() + 1, dtype=torch.int64, device=logits.device)
-    torch.cumsum((layout.offsets[1:] - layout.offsets[:-1])[reqs], dim=0, out=offsets[1:])
-    return reqs, greedy_walk(offsets, layout.tokens[rows], layout.parents[rows], logits[rows],
-                               width)
+    rows = is_greedy[request_of_row]
+    sub_offsets = torch.zeros(reqs.numel() + 1, dtype=torch.int64, device=logits.device)
+    torch.cumsum((offsets[1:] - offsets[:-1])[reqs], dim=0, out=sub_offsets[1:])
+    return reqs, greedy_walk(sub_offsets, tokens[rows], parents[rows], logits[rows], width)
 
 
 def _walk(layout: TreeLayout, logits: torch.Tensor, width: int, is_greedy: torch.Tensor,
@@ -204,7 +213,8 @@ def _walk(layout: TreeLayout, logits: torch.Tensor, width: int, is_greedy: torch
     nodes = torch.full((num_requests, width), -1, dtype=torch.int64, device=device)
     num_emitted = torch.zeros(num_requests, dtype=torch.int64, device=device)
     if bool(is_greedy.any()):
-        g, greedy = _greedy_requests(layout, logits, width, is_greedy)
+        g, greedy = _greedy_requests((layout.offsets, layout.tokens, layout.parents),
+                                     layout.request_of_row, logits, width, is_greedy)
         emitted[g], nodes[g], num_emitted[g] = (greedy.emitted, greedy.accepted_nodes,
                                                 greedy.num_emitted)
     cur = layout.offsets[:-1].clone()
@@ -240,8 +250,19 @@ def accept_target_only(tree: Any, logits: torch.Tensor,
 
     sampling: per-request temperature/top-k/top-p/min-p (None = temperature 1, no filters);
     generators: None, one torch.Generator, or one per request; coin_rows: coin rows per seeded
-    request per call (coins.py)."""
+    request per call (coins.py). On the host one native walk (`_target_only_native`), on a
+    device the torch walk (`_target_only_torch`); both draw with `rules.draw_target_tokens`'s
+    rule from the same coins."""
     fields = _unpack(tree, logits)
+    walk = _target_only_native if logits.device.type == "cpu" else _target_only_torch
+    return walk(fields, logits, sampling, generators, max_depth, coin_rows)
+
+
+def _target_only_torch(fields: tuple[torch.Tensor, ...], logits: torch.Tensor,
+                       sampling: SamplingParamsBatch | None, generators: Generators,
+                       max_depth: int | None, coin_rows: int | None) -> AcceptResult:
+    """accept_target_only as the shared torch walk: for logits on a device, and the reference
+    the native walk is tested against."""
     roots = _root_only_offsets(fields, logits.device)
     if roots is not None:
         return _accept_roots(roots, logits, sampling, generators, max_depth, coin_rows)
@@ -255,6 +276,41 @@ def accept_target_only(tree: Any, logits: torch.Tensor,
         return picked, torch.full_like(picked, LOOKUP)
 
     return _walk(layout, logits, width, is_greedy, params, pick)
+
+
+def _target_only_native(fields: tuple[torch.Tensor, ...], logits: torch.Tensor,
+                        sampling: SamplingParamsBatch | None, generators: Generators,
+                        max_depth: int | None, coin_rows: int | None) -> AcceptResult:
+    """accept_target_only on the host: coins drawn as in every mode (coins.py), then one native
+    walk over the sampled requests (csrc/verify/sampled_walk.cpp) in place of the layout pass and
+    the per-level torch ops (~0.9 ms a step at vocab 4096), and the greedy walk for the greedy
+    ones. The native walk checks trees and parameters itself; when it refuses them, the torch
+    checks run to name the problem in full."""
+    offsets, tokens, parents, depth = fields
+    num_requests = offsets.numel() - 1
+    params = sampling if sampling is not None else SamplingParamsBatch.random(max(num_requests, 0))
+    try:
+        if max_depth is not None and max_depth < 0:       # the native walk reads -1 as "deepest"
+            raise ValueError(f"max_depth={max_depth}")
+        request_of_row = torch.from_numpy(np.repeat(np.arange(num_requests),
+                                                    np.diff(offsets.numpy())))
+        logits_rows, temperature, top_k = native_row_inputs(logits, params, request_of_row)
+        is_greedy = torch.from_numpy(temperature) < SAMPLING_EPS
+        coins = _coins(offsets, request_of_row, generators, is_greedy, coin_rows)
+        draw = coins[:, DRAW_COIN].contiguous().numpy() if coins is not None else np.zeros(0)
+        emitted, nodes, count = native().target_only_tree_walk(
+            logits_rows, offsets.numpy(), tokens.numpy(), parents.numpy(),
+            np.zeros(0, dtype=np.int64) if depth is None else depth.numpy(), temperature, top_k,
+            draw, -1 if max_depth is None else max_depth)
+    except (ValueError, TypeError, RuntimeError):
+        _layout_for(fields, logits, max_depth)               # the torch checks, in their order,
+        _request_params(sampling, num_requests, logits.device)   # name the problem in full
+        raise
+    emitted, nodes, count = (torch.from_numpy(x) for x in (emitted, nodes, count))
+    if bool(is_greedy.any()):
+        g, greedy = _greedy_requests(fields, request_of_row, logits, emitted.shape[1], is_greedy)
+        emitted[g], nodes[g], count[g] = greedy.emitted, greedy.accepted_nodes, greedy.num_emitted
+    return AcceptResult.from_paths(offsets, emitted, count, nodes)
 
 
 def accept_rrs(tree: Any, logits: torch.Tensor, draft_probs: torch.Tensor, replacement: bool,
@@ -295,8 +351,10 @@ def accept_rrs(tree: Any, logits: torch.Tensor, draft_probs: torch.Tensor, repla
         chosen = torch.full_like(srows, LOOKUP)
         has_q = q_index[srows] >= 0
         t = (~has_q).nonzero().squeeze(1)
-        if t.numel():           # no q row: the target-only rule
-            picked[t] = sample_categorical(probs[t], coins[srows[t], DRAW_COIN])
+        if t.numel():           # no q row: the target-only rule, drawn as every walk draws it
+            trows = srows[t]
+            picked[t] = draw_target_tokens(logits[trows], params.rows(layout.request_of_row[trows]),
+                                           coins[trows, DRAW_COIN])
         r = has_q.nonzero().squeeze(1)
         if r.numel():
             rrows = srows[r]

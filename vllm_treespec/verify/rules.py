@@ -5,7 +5,70 @@ exact to far below what a statistical test can see.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+from vllm_treespec.verify.sampling_params import (
+    SAMPLING_EPS,
+    SamplingParamsBatch,
+    process_logits,
+)
+
+
+def draw_target_tokens(logits: torch.Tensor, params: SamplingParamsBatch,
+                       coins: torch.Tensor) -> torch.Tensor:
+    """The token each sampled target row draws with its draw coin, under its own (validated)
+    sampling parameters: logits [N, V] raw, params one entry per row (temperature >= 1e-5:
+    greedy rows are the greedy walk's), coins float64 [N]. Every walk draws target-only tokens
+    here, so a request's tokens do not depend on which walk its batch took. On CPU one native
+    pass (csrc/verify/sampled_walk.cpp), elsewhere `draw_target_tokens_torch` on the device."""
+    if logits.device.type != "cpu":
+        return draw_target_tokens_torch(logits, params, coins)
+    from vllm_treespec.native import native
+
+    return torch.from_numpy(native().sample_target_rows(*native_row_inputs(logits, params),
+                                                        coins.contiguous().numpy()))
+
+
+def draw_target_tokens_torch(logits: torch.Tensor, params: SamplingParamsBatch,
+                             coins: torch.Tensor) -> torch.Tensor:
+    """draw_target_tokens in torch ops: process_logits, softmax, sample_categorical."""
+    probs = torch.softmax(process_logits(logits, params), dim=-1,
+                          dtype=torch.float32).to(torch.float64)
+    return sample_categorical(probs, coins)
+
+
+def native_row_inputs(logits: torch.Tensor, params: SamplingParamsBatch,
+                      request_of_row: torch.Tensor | None = None) -> tuple[np.ndarray, ...]:
+    """(float32 logits, temperature, top_k) as the host arrays the native draws read
+    (csrc/verify/sampled_walk.cpp), which apply temperature and top-k themselves. Rows of
+    sampled requests with top-p or min-p are processed here by process_logits (top-p's ties then
+    break in torch's sort order, as in vLLM's sampler) and handed over at temperature 1 without
+    filters. params: one entry per request; request_of_row: the request of each logits row
+    (None: row i is request i). Raises on parameters out of range (the caller names them)."""
+    top_k_in = torch.as_tensor(params.top_k)
+    if top_k_in.dtype.is_floating_point:
+        raise TypeError("sampling.top_k must hold integers")
+    temperature, top_k = _host(params.temperature, torch.float32), _host(top_k_in, torch.int64)
+    top_p, min_p = _host(params.top_p, torch.float32), _host(params.min_p, torch.float32)
+    if not ((top_p > 0) & (top_p <= 1) & (min_p >= 0) & (min_p <= 1)).all():
+        raise ValueError("sampling.top_p / min_p out of range")
+    rows = logits.detach().to(torch.float32)
+    in_torch = ((top_p < 1) | (min_p != 0)) & (temperature >= SAMPLING_EPS)
+    if in_torch.any():
+        request = torch.arange(rows.shape[0]) if request_of_row is None else request_of_row
+        index = torch.from_numpy(in_torch)[request].nonzero().squeeze(1)
+        rows = rows.clone()
+        rows[index] = process_logits(rows[index], params.rows(request[index]))
+        temperature, top_k = temperature.copy(), top_k.copy()
+        temperature[in_torch] = 1.0
+        top_k[in_torch] = 0
+    return rows.contiguous().numpy(), temperature, top_k
+
+
+def _host(values: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
+    """A parameter column as a host array of `dtype` (a view when it already is one)."""
+    return torch.as_tensor(values).to(dtype).numpy()
 
 
 def sample_categorical(weights: torch.Tensor, coins: torch.Tensor) -> torch.Tensor:
