@@ -38,19 +38,9 @@ py::tuple greedy_tree_walk(I64Array offsets, I64Array tokens, I64Array parents, 
     py::gil_scoped_release release;
     std::fill(em, em + b * width, -1);
     std::fill(nd, nd + b * width, -1);
-    for (int64_t r = 0; r < b; ++r) {
-      int64_t cur = off[r], level = 0;
-      while (level < width) {
-        const int64_t x = tgt[cur];
-        em[r * width + level] = x;
-        const int64_t child = child_with_token(lists, tok, cur, x);
-        if (child < 0 || level + 1 >= width) break;
-        nd[r * width + level] = child - off[r];
-        cur = child;
-        ++level;
-      }
-      cnt[r] = level + 1;
-    }
+    for (int64_t r = 0; r < b; ++r)
+      cnt[r] = walk_request(lists, tok, off[r], width, em + r * width, nd + r * width,
+                            [&](int64_t row) { return tgt[row]; });
   }
   return py::make_tuple(emitted, nodes, count);
 }

@@ -212,17 +212,8 @@ py::tuple target_only_tree_walk(F32Array logits, I64Array offsets, I64Array toke
         cnt[r] = 0;
         continue;
       }
-      int64_t cur = off[r], level = 0;
-      while (level < width) {
-        const int64_t x = draw_row(lg + cur * vocab, vocab, p, coin[cur], s);
-        em[r * width + level] = x;
-        const int64_t child = child_with_token(lists, tok, cur, x);
-        if (child < 0 || level + 1 >= width) break;
-        nd[r * width + level] = child - off[r];
-        cur = child;
-        ++level;
-      }
-      cnt[r] = level + 1;
+      cnt[r] = walk_request(lists, tok, off[r], width, em + r * width, nd + r * width,
+                            [&](int64_t row) { return draw_row(lg + row * vocab, vocab, p, coin[row], s); });
     }
   }
   return py::make_tuple(emitted, nodes, count);

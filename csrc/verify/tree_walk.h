@@ -69,4 +69,24 @@ inline int64_t child_with_token(const ChildLists& lists, const int64_t* tok, int
   return child;
 }
 
+// One request's descent from its root (global row `root`): pick(row) names the token emitted at
+// each visited row; the walk follows the child holding it until none does or `width` tokens are
+// out. Writes the tokens to em_row and the accepted local nodes to nd_row (both [width], -1
+// filled by the caller); returns the number of tokens emitted.
+template <class Pick>
+int64_t walk_request(const ChildLists& lists, const int64_t* tok, int64_t root, int64_t width,
+                     int64_t* em_row, int64_t* nd_row, Pick pick) {
+  int64_t cur = root, level = 0;
+  while (level < width) {
+    const int64_t x = pick(cur);
+    em_row[level] = x;
+    const int64_t child = child_with_token(lists, tok, cur, x);
+    if (child < 0 || level + 1 >= width) break;
+    nd_row[level] = child - root;
+    cur = child;
+    ++level;
+  }
+  return level + 1;
+}
+
 }  // namespace treespec::verify
