@@ -19,7 +19,6 @@
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -93,7 +92,7 @@ struct RowParams {
   int64_t top_k;
 };
 
-// Per-thread scratch reused across rows (one vocab-sized buffer each).
+// Scratch buffers reused across the rows of one call (vocab-sized each).
 struct Scratch {
   std::vector<float> x, e;
   std::vector<int32_t> order;

@@ -354,7 +354,7 @@ def accept_rrs(tree: Any, logits: torch.Tensor, draft_probs: torch.Tensor, repla
         if t.numel():           # no q row: the target-only rule, drawn as every walk draws it
             trows = srows[t]
             picked[t] = draw_target_tokens(logits[trows], params.rows(layout.request_of_row[trows]),
-                                           coins[trows, DRAW_COIN])
+                                           coins[trows, DRAW_COIN], probs=probs[t])
         r = has_q.nonzero().squeeze(1)
         if r.numel():
             rrows = srows[r]

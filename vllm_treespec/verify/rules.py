@@ -16,13 +16,17 @@ from vllm_treespec.verify.sampling_params import (
 
 
 def draw_target_tokens(logits: torch.Tensor, params: SamplingParamsBatch,
-                       coins: torch.Tensor) -> torch.Tensor:
+                       coins: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
     """The token each sampled target row draws with its draw coin, under its own (validated)
     sampling parameters: logits [N, V] raw, params one entry per row (temperature >= 1e-5:
     greedy rows are the greedy walk's), coins float64 [N]. Every walk draws target-only tokens
     here, so a request's tokens do not depend on which walk its batch took. On CPU one native
-    pass (csrc/verify/sampled_walk.cpp), elsewhere `draw_target_tokens_torch` on the device."""
+    pass (csrc/verify/sampled_walk.cpp), elsewhere `draw_target_tokens_torch` on the device;
+    probs: the rows' processed float64 target probabilities when the caller has them already
+    (a device walk), drawn from directly there instead of processing the rows again."""
     if logits.device.type != "cpu":
+        if probs is not None:
+            return sample_categorical(probs, coins)
         return draw_target_tokens_torch(logits, params, coins)
     from vllm_treespec.native import native
 
