@@ -99,6 +99,23 @@ def test_soft_cap_and_one_mask_word_per_tile():
                                **TOL[torch.float32])
 
 
+def test_reused_split_workspace_gives_the_same_output():
+    """One scratch for every layer of a step: a second call over it (other queries) is right
+    too, and a scratch too small for the call is refused with its required size."""
+    from vllm_treespec.kernels.tree_attention import split_workspace
+
+    case = paged_tree_case(8, [12, 5], [40, 9], 4, 2, 32, torch.float32, 16, device=DEVICE)
+    t, hq, d = case.query.shape
+    ws = split_workspace(3, t, hq, d, DEVICE)
+    assert split_workspace(1, t, hq, d, DEVICE) is None
+    for _ in range(2):
+        case.query.normal_()
+        out = _run(case, 0.25, num_splits=3, block_m=16, block_n=16, workspace=ws)
+        torch.testing.assert_close(out.double(), _reference(case, 0.25), **TOL[torch.float32])
+    with pytest.raises(ValueError, match="split_workspace"):
+        _run(case, 0.25, num_splits=3, block_m=16, block_n=16, workspace=ws[:-1])
+
+
 def test_reference_agrees_with_cpu_reference():
     """The FA-layout reference against support.attention_reference's slot-by-slot one (token_major)."""
     from support.attention_reference import tree_attention_reference

@@ -12,7 +12,8 @@ Per-step plan: the kernel's index tensors (node rows, q_offsets, prefix lengths,
 rows, ancestor words) and its bounds (max_rows, max_prefix: no host sync) are built once per
 step on the device, lazily on the first attention layer, from the step's plan, cached in
 `AttentionPlan.kernel_plans` under the block table tensor and reused unchanged by every layer.
-Per layer the host work is one gather of the tree rows' queries, the launch and one scatter.
+Per layer the host work is one gather of the tree rows' queries, the launch and one scatter;
+the split count and the split scratch are made on the first layer too.
 
 Backend choice: vLLM 0.32 picks FLASH_ATTN first on CUDA unless the operator chose one
 (`--attention-backend` / `attention_config.backend`). A tree deployment selects TRITON_ATTN
@@ -59,6 +60,7 @@ class TritonTreePlan:
     max_rows: int               # largest tree (host: no sync)
     max_prefix: int             # longest prefix (host)
     num_splits: dict[tuple, int] = field(default_factory=dict)  # per layer geometry
+    workspaces: dict[tuple, torch.Tensor | None] = field(default_factory=dict)  # split scratch
 
 
 def triton_tree_plan(attn: AttentionPlan, block_table: torch.Tensor) -> TritonTreePlan:
@@ -82,16 +84,20 @@ def triton_tree_plan(attn: AttentionPlan, block_table: torch.Tensor) -> TritonTr
     return plan
 
 
-def _num_splits(plan: TritonTreePlan, query: torch.Tensor, num_kv_heads: int) -> int:
-    """Prefix splits for this layer geometry (flash-decoding; 1 in the CPU interpreter)."""
+def _splits(plan: TritonTreePlan, query: torch.Tensor,
+            num_kv_heads: int) -> tuple[int, torch.Tensor | None]:
+    """Prefix splits for this layer geometry (flash-decoding; 1 in the CPU interpreter) and
+    their scratch, both made on the first layer and reused by every layer of the step."""
     geometry = (query.shape[1], num_kv_heads, query.shape[2], query.dtype, query.device)
     splits = plan.num_splits.get(geometry)
     if splits is None:
-        from vllm_treespec.kernels.tree_attention import default_num_splits
+        from vllm_treespec.kernels.tree_attention import default_num_splits, split_workspace
 
         splits = plan.num_splits[geometry] = default_num_splits(
             query, num_kv_heads, int(plan.prefix_lens.numel()), plan.max_rows, plan.max_prefix)
-    return splits
+        plan.workspaces[geometry] = split_workspace(splits, query.shape[0], query.shape[1],
+                                                    query.shape[2], query.device)
+    return splits, plan.workspaces[geometry]
 
 
 class TreeTritonAttentionImpl(TritonAttentionImpl):
@@ -120,11 +126,12 @@ class TreeTritonAttentionImpl(TritonAttentionImpl):
         plan = triton_tree_plan(step.attn, attn_metadata.block_table)
         key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
         q = query.view(query.shape[0], self.num_heads, self.head_size)[plan.rows]
+        splits, workspace = _splits(plan, q, self.num_kv_heads)
         out = paged_tree_attention(
             q, key_cache, value_cache, plan.block_table, plan.prefix_lens, plan.q_offsets,
             plan.anc_mask, self.scale, logits_soft_cap=self.logits_soft_cap or None,
             max_rows=plan.max_rows, max_prefix=plan.max_prefix,
-            num_splits=_num_splits(plan, q, self.num_kv_heads))
+            num_splits=splits, workspace=workspace)
         output.view(output.shape[0], self.num_heads, self.head_size).index_copy_(
             0, plan.rows, out.to(output.dtype))
         step.attn.seconds += time.perf_counter() - start     # launch time only on CUDA (async)

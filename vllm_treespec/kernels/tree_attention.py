@@ -24,11 +24,13 @@ merges them. With one split the first kernel writes the output directly.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["paged_tree_attention", "choose_num_splits", "default_config"]
+__all__ = ["paged_tree_attention", "choose_num_splits", "default_config", "split_workspace"]
 
 _LOG2E = 1.4426950408889634
 
@@ -243,8 +245,28 @@ def default_num_splits(query: torch.Tensor, num_kv_heads: int, num_requests: int
         return 1
     bm, bn, _, _ = default_config(triton.next_power_of_2(query.shape[-1]), query.dtype)
     tiles = triton.cdiv(max_rows * (query.shape[1] // num_kv_heads), block_m or bm)
-    sms = torch.cuda.get_device_properties(query.device).multi_processor_count
+    sms = _sm_count(query.device.index if query.device.index is not None
+                    else torch.cuda.current_device())
     return choose_num_splits(tiles * num_requests * num_kv_heads, max_prefix, sms, block_n or bn)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    """Multiprocessors of a CUDA device (asked once: the query sits on the host launch path)."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def split_workspace(num_splits: int, num_rows: int, num_heads: int, head_dim: int,
+                    device: torch.device | str) -> torch.Tensor | None:
+    """The float32 scratch of a split call (partial outputs and their log-sum-exps), or None
+    for one split. A caller that runs the same shape in every layer allocates it once per step
+    and passes it as ``workspace=``: the layers run one after another on one stream, and the
+    wrapper then allocates nothing (fewer host operations per call, and an address that stays
+    put under a CUDA graph)."""
+    if num_splits <= 1:
+        return None
+    return torch.empty(num_splits * num_rows * num_heads * (head_dim + 1), dtype=torch.float32,
+                       device=device)
 
 
 def _check(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -283,8 +305,8 @@ def paged_tree_attention(query: torch.Tensor, key_cache: torch.Tensor,
                          max_rows: int | None = None, max_prefix: int | None = None,
                          num_splits: int | None = None, block_m: int | None = None,
                          block_n: int | None = None, num_warps: int | None = None,
-                         num_stages: int | None = None, out: torch.Tensor | None = None
-                         ) -> torch.Tensor:
+                         num_stages: int | None = None, out: torch.Tensor | None = None,
+                         workspace: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of every tree row over its request's prefix and its ancestors-or-self.
 
     query: ``[T, Hq, D]`` (fp16/bf16/fp32, head h reads KV head ``h // (Hq // Hkv)``);
@@ -297,6 +319,8 @@ def paged_tree_attention(query: torch.Tensor, key_cache: torch.Tensor,
     grid and the split choice; pass them (e.g. from the step's budget) to avoid a host sync and
     for CUDA graphs. num_splits: prefix splits (default: 1 on CPU, ``choose_num_splits`` on GPU).
     block_m / block_n / num_warps / num_stages override ``default_config`` (tile tuning).
+    workspace: ``split_workspace(num_splits, T, Hq, D)`` or larger, reused across calls (else
+    allocated per call when num_splits > 1).
     Returns ``out`` (or a new tensor) ``[T, Hq, D]`` in the query dtype.
     """
     bm, bn, warps, stages = default_config(triton.next_power_of_2(query.shape[-1]), query.dtype)
@@ -319,8 +343,15 @@ def paged_tree_attention(query: torch.Tensor, key_cache: torch.Tensor,
         num_splits = default_num_splits(query, hkv, b, max_rows, max_prefix or 0, block_m, block_n)
     tiles = triton.cdiv(max_rows * group, block_m)
     if num_splits > 1:
-        part_out = torch.empty(num_splits, t, hq, d, dtype=torch.float32, device=query.device)
-        part_lse = torch.empty(num_splits, t, hq, dtype=torch.float32, device=query.device)
+        need = num_splits * t * hq * (d + 1)
+        if workspace is None:
+            workspace = split_workspace(num_splits, t, hq, d, query.device)
+        elif (workspace.dtype != torch.float32 or workspace.numel() < need
+              or workspace.device != query.device or not workspace.is_contiguous()):
+            raise ValueError(f"workspace must be contiguous float32 with >= {need} elements on "
+                             f"{query.device} (split_workspace({num_splits}, {t}, {hq}, {d}))")
+        part_out = workspace[:num_splits * t * hq * d].view(num_splits, t, hq, d)
+        part_lse = workspace[num_splits * t * hq * d:need].view(num_splits, t, hq)
     else:
         part_out = part_lse = out          # unused
     has_causal = causal is not None
@@ -332,12 +363,8 @@ def paged_tree_attention(query: torch.Tensor, key_cache: torch.Tensor,
         query, key_cache, value_cache, out, part_out, part_lse,
         block_table, prefix_lens, q_offsets, anc_mask, causal_arg,
         float(scale), float(logits_soft_cap or 1.0), hkv, anc_mask.shape[1],
-        query.stride(0), query.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-        out.stride(0), out.stride(1),
-        part_out.stride(0), part_out.stride(1), part_out.stride(2),
-        part_lse.stride(0), part_lse.stride(1),
+        *query.stride()[:2], *key_cache.stride()[:3], *value_cache.stride()[:3],
+        *out.stride()[:2], *part_out.stride()[:3], *part_lse.stride()[:2],
         block_table.stride(0), anc_mask.stride(0),
         BLOCK_SIZE=bs, GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m,
         BLOCK_N=block_n, NUM_SPLITS=num_splits, HAS_CAUSAL=has_causal,
@@ -346,9 +373,8 @@ def paged_tree_attention(query: torch.Tensor, key_cache: torch.Tensor,
     )
     if num_splits > 1:
         _merge_kernel[(t, hq)](
-            part_out, part_lse, out,
-            part_out.stride(0), part_out.stride(1), part_out.stride(2),
-            part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
+            part_out, part_lse, out, *part_out.stride()[:3], *part_lse.stride()[:2],
+            *out.stride()[:2],
             NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits), HEAD_DIM=d,
             BLOCK_D=block_d,
         )
