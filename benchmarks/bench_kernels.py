@@ -14,6 +14,12 @@ random tree of that size, Hq 32 / Hkv 8 (8B-class GQA), bf16, paged blocks of 16
   flex_block_mask  FlexAttention with a BlockMask built from the tree mask (build time reported
                    separately: it is paid every step)
   flashinfer_mask  FlashInfer paged prefill with a custom mask (if flashinfer is installed)
+Launch path (`--launch-shapes`): what one call costs the host (submission time per call in a
+loop of 200 with no sync: the GPU runs behind, so this is the Python and launch time alone),
+for the wrapper as a plain caller uses it, for the call as the serving backend makes it (split
+count and split scratch made once per step and reused), and for the backend's whole per-layer
+work (query gather, call, scatter); against the GPU time of the same call replayed from a CUDA
+graph (no host in the way) and the host time of causal SDPA at equal rows.
 Tiles (`--tune-s`): a sweep of BLOCK_M x BLOCK_N x warps x stages at a few shapes, each variant
 checked against the default tiles' output before it is timed.
 Compaction: 32 layers x (K, V) caches, every request moving `moves` slots (alias chains),
@@ -28,6 +34,7 @@ that many seconds have passed (recorded as skipped), so a leased GPU run ends on
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -129,6 +136,28 @@ class Case:
                                     self.prefix, self.offsets, self.anc_mask, self.scale,
                                     max_rows=self.n, max_prefix=self.ctx, **tiles)
 
+    def tree_backend_call(self) -> Callable[..., torch.Tensor]:
+        """The call as engine/tree_attention_triton.py makes it: split count and scratch made
+        once (per step there), so the call allocates nothing but its output."""
+        from vllm_treespec.kernels.tree_attention import (default_num_splits,
+                                                          paged_tree_attention, split_workspace)
+
+        splits = default_num_splits(self.q, self.hkv, self.b, self.n, self.ctx)
+        ws = split_workspace(splits, *self.q.shape, self.q.device)
+        return lambda q=self.q, out=None: paged_tree_attention(
+            q, self.key_cache, self.value_cache, self.block_table, self.prefix,
+            self.offsets, self.anc_mask, self.scale, max_rows=self.n, max_prefix=self.ctx,
+            num_splits=splits, workspace=ws, out=out)
+
+    def backend_layer(self) -> Callable[[], Any]:
+        """The backend's per-layer work: gather the tree rows' queries out of the step's query
+        rows (a few plain rows around them), the call, scatter the result back."""
+        call = self.tree_backend_call()
+        step_q = torch.randn(self.q.shape[0] + 8, *self.q.shape[1:], device=self.q.device,
+                             dtype=self.q.dtype)
+        rows = torch.arange(4, 4 + self.q.shape[0], device=self.q.device)
+        return lambda: step_q.index_copy_(0, rows, call(step_q[rows]))
+
     def causal_ours(self) -> torch.Tensor:
         from vllm_treespec.kernels.tree_attention import paged_tree_attention
 
@@ -223,6 +252,59 @@ def attention_row(case: Case, methods: set[str]) -> dict[str, Any]:
     return row
 
 
+def host_us(fn: Callable[[], Any], calls: int = 200) -> float:
+    """Host time per call (µs) of `calls` back-to-back calls without a sync."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = time.perf_counter() - t
+    torch.cuda.synchronize()
+    return host / calls * 1e6
+
+
+def graph_ms(fn: Callable[[], Any], per_graph: int = 10, replays: int = 20) -> float:
+    """GPU time per call (ms) of `fn` captured `per_graph` times in one CUDA graph."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(per_graph):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / (replays * per_graph)
+
+
+def launch_rows(shapes: list[tuple[int, int, int]], hq: int, hkv: int, d: int,
+                dtype: torch.dtype, block_size: int) -> list[dict[str, Any]]:
+    rows = []
+    for b, ctx, n in shapes:
+        case = Case(b, ctx, n, hq, hkv, d, dtype, block_size)
+        out = torch.empty_like(case.q)
+        backend = functools.partial(case.tree_backend_call(), out=out)
+        row: dict[str, Any] = {"batch": b, "context": ctx, "tree": n}
+        row["wrapper_host_us"] = _try(lambda: host_us(case.tree_triton))
+        row["backend_call_host_us"] = _try(lambda: host_us(backend))
+        row["backend_layer_host_us"] = _try(lambda: host_us(case.backend_layer()))
+        row["causal_sdpa_host_us"] = _try(lambda: host_us(case.causal_sdpa))
+        row["eager_do_bench_ms"] = _try(lambda: _bench(backend))
+        row["graph_gpu_ms"] = _try(lambda: graph_ms(backend))
+        row["causal_sdpa_graph_gpu_ms"] = _try(lambda: graph_ms(case.causal_sdpa))
+        rows.append(row)
+        del case, backend
+        _empty_cache()
+    return rows
+
+
 TUNE_SHAPES = ((1, 4096, 64), (8, 4096, 64), (32, 4096, 16), (8, 32768, 16))
 TUNE_TILES = tuple((m, n, w, s) for m in (64, 128, 32) for n in (64, 32) for w in (8, 4)
                    for s in (2, 3))
@@ -311,6 +393,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds for a sweep of tile variants at TUNE_SHAPES (0: none)")
     p.add_argument("--budget-s", type=float, default=None,
                    help="skip the grid points left after this many seconds")
+    p.add_argument("--launch-shapes", nargs="*", default=["1x4096x16", "1x4096x64", "1x16384x64",
+                   "8x4096x64", "32x4096x16"], metavar="BxCTXxTREE",
+                   help="points for the launch-path rows (none: skip them)")
     p.add_argument("--compaction-moves", type=int, default=8)
     p.add_argument("--compaction-batches", type=int, nargs="+", default=[1, 8, 32, 128, 512],
                    help="requests per compaction (large ones show the bandwidth, small ones "
@@ -382,6 +467,16 @@ def _main(ns: argparse.Namespace) -> int:
     for r in sorted((r for r in tuning if "ms" in r), key=lambda r: r["ms"])[:8]:
         print(f"tune B={r['batch']} ctx={r['context']} tree={r['tree']}: {r['block_m']}x"
               f"{r['block_n']} w{r['num_warps']} s{r['num_stages']} {r['ms']:.4f} ms")
+    launch = (launch_rows([tuple(int(x) for x in s.split("x")) for s in ns.launch_shapes],
+                          hq, hkv, ns.head_dim, dtype, ns.block_size)
+              if DEVICE == "cuda" and ns.launch_shapes else [])
+    for r in launch:
+        f = lambda k: (f"{r[k]:.4g}" if isinstance(r.get(k), float) else str(r.get(k)))  # noqa: E731
+        print(f"launch B={r['batch']} ctx={r['context']} tree={r['tree']}: host us wrapper "
+              f"{f('wrapper_host_us')} backend call {f('backend_call_host_us')} layer "
+              f"{f('backend_layer_host_us')} sdpa {f('causal_sdpa_host_us')}; eager "
+              f"{f('eager_do_bench_ms')} ms, graph {f('graph_gpu_ms')} ms (sdpa graph "
+              f"{f('causal_sdpa_graph_gpu_ms')} ms)", flush=True)
     d2d = d2d_gbps() if DEVICE == "cuda" else float("nan")
     comp = compaction_rows(ns.compaction_batches, ns.compaction_moves, 32, hkv, ns.head_dim, dtype,
                            ns.block_size)
@@ -396,7 +491,8 @@ def _main(ns: argparse.Namespace) -> int:
               "software": software_info() | {"triton": triton.__version__},
               "settings": {"hq": hq, "hkv": hkv, "head_dim": ns.head_dim, "dtype": ns.dtype,
                            "block_size": ns.block_size, "timer": "triton.testing.do_bench median"},
-              "attention": rows, "tuning": tuning, "d2d_copy_gbps": d2d, "compaction": comp,
+              "attention": rows, "launch": launch, "tuning": tuning, "d2d_copy_gbps": d2d,
+              "compaction": comp,
               "seconds": time.monotonic() - start}
     out = ns.out or RESULTS / f"bench_kernels_{gpu['name'].replace(' ', '_')}.json"
     out.write_text(json.dumps(record, indent=2) + "\n")
