@@ -72,7 +72,7 @@ step build_cuda 150 env TREESPEC_BUILD_CUDA=1 TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=
     "$PY" setup.py build_ext --inplace
 step tests 150 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_cuda_ops.py \
     tests/test_kernels_tree_attention.py tests/test_kernels_kv_compaction.py \
-    tests/test_kernels_tree_accept.py
+    tests/test_kernels_tree_accept.py tests/test_verify_device.py
 if [ -d "$carry" ]; then
     step gpu_loop 100 "$PY" benchmarks/gpu_loop.py --model "$carry/code-lm" \
         --trie "$carry/code-lm-distill-5gram.trie" --prompts "$carry/prompts.json" \
