@@ -73,16 +73,21 @@ def test_no_prompts_is_an_error(tmp_path, tiny_model):
 
 @pytest.mark.slow
 def test_cli_builds_a_trie_from_the_models_continuations(tmp_path, tiny_model):
+    """Sampled, two continuations per prompt (the sampled-trie recipe; the greedy one builds the
+    code-LM fixture trie in conftest)."""
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps(p) for p in ["def f(x):", "import os", "class A:", "x = 1"]))
     out, report_path = tmp_path / "tiny.trie", tmp_path / "report.json"
     subprocess.run([sys.executable, "-m", "vllm_treespec.cli", "train", "trie", str(tiny_model), "--out",
                     str(out), "--prompts", str(prompts), "--max-tokens", "12", "--order", "3",
-                    "--context", "2", "--report", str(report_path), "--max-model-len", "256"],
+                    "--context", "2", "--report", str(report_path), "--max-model-len", "256",
+                    "--temperature", "0.8", "--samples-per-prompt", "2"],
                    check=True, capture_output=True, text=True)
     report = json.loads(report_path.read_text())
-    assert report["prompts"] == 4 and 0 < report["generated_tokens"] <= 48
-    assert report["total_tokens"] == report["generated_tokens"] + 4 * 2
+    assert report["prompts"] == 4 and report["samples_per_prompt"] == 2
+    assert 0 < report["generated_tokens"] <= 2 * 4 * 12
+    context_tokens = report["total_tokens"] - report["generated_tokens"]   # 2 per counted stream
+    assert context_tokens % 2 == 0 and 4 < context_tokens // 2 <= 8, "samples were not counted"
     trie = NgramTrie.load(out, expected_fingerprint=tokenizer_fingerprint(tiny_model), verify=True)
     assert trie.order == 3 and trie.num_nodes > 1
 
@@ -96,6 +101,9 @@ def test_cli_rejects_bad_flags_before_loading_anything(tmp_path, capsys):
     bad.write_text("not json\n")
     assert main(["train", "trie", "fixture:tiny", "--out", str(tmp_path / "x.trie"), "--prompts", str(bad)]) == 2
     assert f"{bad}:1" in capsys.readouterr().err
+    assert main(["train", "trie", "fixture:tiny", "--out", str(tmp_path / "x.trie"),
+                 "--samples-per-prompt", "2"]) == 2
+    assert "--samples-per-prompt 2 needs --temperature > 0" in capsys.readouterr().err
     assert not (tmp_path / "x.trie").exists()
 
 

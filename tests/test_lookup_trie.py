@@ -171,6 +171,44 @@ def test_lookup_weight_one_follows_the_match_and_zero_is_the_trie_alone():
         assert trie_only.draft_token_ids() == [2, 3, 4]
 
 
+def test_sampled_requests_draft_from_the_sampled_trie():
+    """drafter.sampled_path: requests with temperature > 0 draft from the second trie, greedy and
+    unknown ones from `path`, in the batch's order, whichever mix the step holds."""
+    from types import SimpleNamespace
+
+    from vllm_treespec.drafters.lookup_trie import LookupTrieDrafter
+
+    vocab = 10
+    with tempfile.TemporaryDirectory() as tmp:
+        greedy, sampled = Path(tmp) / "greedy.trie", Path(tmp) / "sampled.trie"
+        build_trie_from_streams([[1, 2, 3, 4] * 10], greedy, order=2, vocab_size=vocab)
+        build_trie_from_streams([[1, 5, 6, 7] * 10], sampled, order=2, vocab_size=vocab)
+        cfg = load_config({"drafter": {"type": "lookup_trie", "path": str(greedy),
+                                       "sampled_path": str(sampled), "lookup_weight": 0.0},
+                           "tree": {"builder": "chain", "max_depth": 3}}, 8)
+        drafter = LookupTrieDrafter(cfg.drafter, None, cfg.tree)
+        assert drafter.capabilities.reads_sampling
+        buf = np.array([[9, 8, 1]] * 3, np.int32)
+
+        def drafts(temperatures):
+            sampling = (None if temperatures is None else
+                        [None if t is None else SimpleNamespace(temperature=t) for t in temperatures])
+            inputs = DraftInputs(req_ids=["a", "b", "c"], token_ids=buf, rows=np.arange(3),
+                                 num_tokens=np.array([3, 3, 3]), budgets=np.array([3, 3, 3]),
+                                 sampling=sampling)
+            return [t.draft_token_ids() for t in drafter.propose(inputs).trees]
+
+        g, s_ = [2, 3, 4], [5, 6, 7]
+        assert drafts([0.7, None, 0.0]) == [s_, g, g]
+        assert drafts([0.0, 1.0, 0.3]) == [g, s_, s_]
+        assert drafts([0.7, 0.7, 1.0]) == [s_, s_, s_]
+        assert drafts(None) == [g, g, g]
+        missing = load_config({"drafter": {"type": "lookup_trie", "path": str(greedy),
+                                           "sampled_path": str(Path(tmp) / "nope.trie")}}, 8)
+        with pytest.raises(ConfigError, match="drafter.sampled_path: trie file .* does not exist"):
+            LookupTrieDrafter(missing.drafter, None, missing.tree)
+
+
 def test_drafter_from_config_on_the_fixture_trie(tiny_model):
     cfg = load_config({"drafter": {"type": "lookup_trie", "path": "fixture:stdlib-3gram"}, "tree": {"builder": "best_first", "max_depth": 6}}, 16)
     drafter = make_drafter(cfg.drafter, str(tiny_model), cfg.tree)

@@ -97,6 +97,11 @@ class LookupTrieConfig:
     """Prompt lookup mixed with a corpus n-gram trie in one tree (drafters/lookup_trie.py)."""
     type: Literal["lookup_trie"] = spec(doc="Drafter kind.")
     path: str = spec(doc="Trie file or fixture (as ngram_trie.path).", missing=_MAKE_TRIE)
+    sampled_path: str | None = spec(None, doc=(
+        "Trie for requests that sample (temperature > 0), e.g. one counted from the model's "
+        "sampled continuations at the served temperature (`vllm-treespec train trie "
+        "--temperature 0.7 --samples-per-prompt 4`); greedy requests keep `path`. "
+        "null = `path` for every request."))
     min_ngram: int = spec(1, ge=1, le=64, doc="Shortest suffix n-gram that may match.")
     max_ngram: int = spec(4, ge=1, le=64, doc="Longest suffix n-gram tried (longer matches win).")
     max_matches: int = spec(8, ge=0, le=256, doc=(

@@ -57,8 +57,8 @@ What is checked, in this order (cheapest first, so most errors come before a hea
    importlib.metadata (vLLM is not imported); skipped with check_vllm=False.
 2. Budgets against num_speculative_tokens (the same check `load_config` runs when given it).
 3. --model / --tokenizer: a local directory (or a hub id: model checks skipped).
-4. Every trie file (drafter.path of ngram_trie / lookup_trie, drafter.ngram of dart / jetspec):
-   a regular, non-empty, readable file; then `NgramTrie.load(path, verify=True)`, the loader's
+4. Every trie file (drafter.path of ngram_trie / lookup_trie, lookup_trie's
+   drafter.sampled_path, drafter.ngram of dart / jetspec): a regular, non-empty, readable file; then `NgramTrie.load(path, verify=True)`, the loader's
    own checks: magic, byte order, format version, header checksum, file size (truncation,
    trailing bytes), section bounds, then the O(file) pass: payload checksum and structure.
    That pass reads the whole file: 0.25-0.3 s for a 237 MB trie in the page cache on the 2-core
@@ -251,7 +251,11 @@ def _check_drafter(drafter: Any, served: _Served) -> list[str]:
     """The files of the drafter section; tries first (no torch), heads and draft models after."""
     kind = drafter.type
     if kind in ("ngram_trie", "lookup_trie"):
-        return [_check_trie("drafter.path", drafter.path, served, drafter.order)]
+        lines = [_check_trie("drafter.path", drafter.path, served, drafter.order)]
+        if getattr(drafter, "sampled_path", None) is not None:
+            lines.append(_check_trie("drafter.sampled_path", drafter.sampled_path, served,
+                                     drafter.order))
+        return lines
     if kind in ("dart", "jetspec"):
         lines = [] if drafter.ngram is None else [_check_trie("drafter.ngram", drafter.ngram, served, None)]
         return lines + [_check_head("drafter.path", drafter.path, kind, served)]

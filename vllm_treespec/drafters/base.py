@@ -21,6 +21,7 @@ class DrafterCapabilities:
     uses_target_states: bool = False   # DraftInputs.target: the target's hidden states this step
     aux_layers: tuple[int, ...] = ()   # vLLM aux hidden-state layer ids it reads (id j = output of layer j - 1)
     samples_drafts: bool = False       # DraftInputs.sampling is set; Proposal.draft_probs may be
+    reads_sampling: bool = False       # DraftInputs.sampling is set (drafts chosen per temperature)
     observes_output: bool = False      # `observe_output` gets every finished request's output
 
 
@@ -59,7 +60,7 @@ class DraftInputs:
     budgets: np.ndarray
     target: TargetStates | None = None   # set for drafters whose capabilities say uses_target_states
     # per request its SamplingParams (temperature, top_k, top_p, min_p, seed; None = unknown),
-    # set for drafters whose capabilities say samples_drafts
+    # set for drafters whose capabilities say samples_drafts or reads_sampling
     sampling: Sequence[Any] | None = None
     tree_overrides: Mapping[str, Any] = field(default_factory=dict)
 

@@ -9,12 +9,16 @@ P(c) = lambda * q_lookup(c) + (1 - lambda) * q_trie(c) (lambda = `lookup_weight`
 still follows a match continuation, else 0), and the tree is the `budget` best paths by the
 product of P (lazy best-first; the exact rule is in csrc/lookup/lookup_trie_tree.h), cut
 where that product falls below `min_path_prob`.
-tree.builder chain drafts the greedy spine of the same mixture. The C++ core reads the engine's
+tree.builder chain drafts the greedy spine of the same mixture. With `sampled_path`, requests
+that sample (temperature > 0) draft from a second trie, one counted from the model's sampled
+continuations: a greedy-distilled trie predicts the argmax path, which a sampled request
+follows only as often as it samples it. The C++ core reads the engine's
 token buffer directly, batched, without the GIL; tests/support/lookup_trie_reference.py has the
 same semantics in plain Python, the tests' oracle.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +41,29 @@ def native_trees(trie: Any, inputs: DraftInputs, **params: Any) -> list[DraftTre
         **params))
 
 
+def _samples(params: Any) -> bool:
+    """Whether a request samples (temperature > 0); None (unknown) counts as greedy."""
+    return params is not None and float(getattr(params, "temperature", 0.0) or 0.0) > 0.0
+
+
+def _subset(inputs: DraftInputs, index: np.ndarray) -> DraftInputs:
+    """`inputs` for the requests at `index` (same token buffer)."""
+    return replace(inputs, req_ids=[inputs.req_ids[i] for i in index],
+                   rows=np.asarray(inputs.rows)[index],
+                   num_tokens=np.asarray(inputs.num_tokens)[index],
+                   budgets=np.asarray(inputs.budgets)[index],
+                   sampling=[inputs.sampling[i] for i in index] if inputs.sampling else None)
+
+
 class LookupTrieDrafter(Drafter):
     name = "lookup_trie"
 
     def __init__(self, config: Any, tokenizer_dir: str | Path | None, tree: Any = None) -> None:
         self.trie = load_checked_trie(config.path, tokenizer_dir, config.order)
+        sampled = getattr(config, "sampled_path", None)
+        self.sampled_trie = (None if sampled is None else
+                             load_checked_trie(sampled, tokenizer_dir, config.order,
+                                               key="drafter.sampled_path"))
         self.chain = tree is None or tree.builder == "chain"
         self.max_depth = (tree.max_depth if tree is not None else None) or 8
         self.params = dict(min_ngram=int(config.min_ngram), max_ngram=int(config.max_ngram),
@@ -51,15 +73,34 @@ class LookupTrieDrafter(Drafter):
                            min_path_prob=float(config.min_path_prob))
         self.online = bool(config.online_mb)
         if self.online:
-            self.trie.enable_online(capacity_mb=float(config.online_mb))
-        self.capabilities = DrafterCapabilities(observes_output=self.online)
+            for trie in self._tries():
+                trie.enable_online(capacity_mb=float(config.online_mb))
+        self.capabilities = DrafterCapabilities(observes_output=self.online,
+                                                reads_sampling=self.sampled_trie is not None)
+
+    def _tries(self) -> list[Any]:
+        return [self.trie] + ([self.sampled_trie] if self.sampled_trie is not None else [])
 
     def propose(self, inputs: DraftInputs) -> Proposal:
         params = {**self.params, "max_depth": inputs.max_depth(self.max_depth)}   # a table rule's depth
-        return Proposal(native_trees(self.trie, inputs, chain=self.chain, **params))
+        if self.sampled_trie is None or not inputs.sampling:
+            return Proposal(native_trees(self.trie, inputs, chain=self.chain, **params))
+        sampled = np.array([_samples(p) for p in inputs.sampling], dtype=bool)
+        if sampled.all() or not sampled.any():
+            trie = self.sampled_trie if sampled.all() else self.trie
+            return Proposal(native_trees(trie, inputs, chain=self.chain, **params))
+        trees: list[DraftTree | None] = [None] * len(inputs)
+        for trie, index in ((self.trie, np.flatnonzero(~sampled)),
+                            (self.sampled_trie, np.flatnonzero(sampled))):
+            for i, tree in zip(index, native_trees(trie, _subset(inputs, index), chain=self.chain,
+                                                   **params)):
+                trees[i] = tree
+        return Proposal(trees)
 
     def observe_output(self, tokens: np.ndarray) -> None:
-        """Learn a finished request's output in the trie's online layer (drafter.online_mb)."""
+        """Learn a finished request's output in the tries' online layers (drafter.online_mb);
+        the drafter is not told the request's temperature, so both tries learn it."""
         if len(tokens) > 0:
-            self.trie.observe(tokens)
+            for trie in self._tries():
+                trie.observe(tokens)
 

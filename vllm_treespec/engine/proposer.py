@@ -145,7 +145,8 @@ class TreeProposer:
         wants = self.drafter.capabilities
         proposal: Proposal | None = None     # None: nobody drafts, no drafter call (a free idle step)
         if any(caps) or wants.uses_target_states:     # head caches take every step's committed rows
-            sampling = [runner_state.request_params(runner, r) for r in req_ids] if wants.samples_drafts else None
+            sampling = ([runner_state.request_params(runner, r) for r in req_ids]
+                        if wants.samples_drafts or wants.reads_sampling else None)
             proposal = self.drafter.propose(DraftInputs(
                 req_ids=req_ids, token_ids=token_ids_cpu, rows=np.arange(n, dtype=np.int64),
                 num_tokens=num_tokens, budgets=np.array(caps, dtype=np.int64), target=target,

@@ -9,6 +9,8 @@ tokenizer's fingerprint, so the code-LM and tiny tokenizers each get their own t
 the code-LM fixture's own greedy continuations of 2048 training-split prompts, counted to order
 5. It is built by `vllm-treespec train trie` in a subprocess (this package never imports vLLM),
 about two minutes on the 2-core dev VM, and serves only models with the code-LM's tokenizer.
+`fixture:code-lm-distill-5gram-t07` counts four sampled continuations (temperature 0.7) of the
+same prompts instead: the trie for sampled requests (`drafter.sampled_path`).
 """
 from __future__ import annotations
 
@@ -33,6 +35,9 @@ DISTILLED_TRIE_FIXTURES: dict[str, dict[str, Any]] = {
     "code-lm-distill-5gram": {"model": "code-lm", "order": 5, "min_count": 1, "context": 4,
                               "num_prompts": 2048, "prompt_chars": 600, "max_tokens": 128,
                               "temperature": 0.0, "seed": 0},
+    "code-lm-distill-5gram-t07": {"model": "code-lm", "order": 5, "min_count": 1, "context": 4,
+                                  "num_prompts": 2048, "prompt_chars": 600, "max_tokens": 128,
+                                  "temperature": 0.7, "samples_per_prompt": 4, "seed": 0},
 }
 
 

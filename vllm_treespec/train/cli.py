@@ -48,6 +48,8 @@ def add_subcommands(subparsers: Any) -> None:
     tt.add_argument("--prompt-chars", type=int, default=600, help="corpus prompt length without --prompts")
     tt.add_argument("--max-tokens", type=int, default=128, help="continuation tokens per prompt")
     tt.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (match the served sampling)")
+    tt.add_argument("--samples-per-prompt", type=int, default=1,
+                    help="continuations drawn per prompt (> 1 needs --temperature > 0)")
     tt.add_argument("--seed", type=int, default=0)
     tt.add_argument("--order", type=int, default=5, help="n: longest n-gram kept")
     tt.add_argument("--min-count", type=int, default=1, help="drop n-grams (n >= 2) seen fewer times")
@@ -122,10 +124,15 @@ def cmd_trie(ns: argparse.Namespace) -> int:
 
     for flag, value, low in (("--num-prompts", ns.num_prompts, 1), ("--max-tokens", ns.max_tokens, 1),
                              ("--order", ns.order, 1), ("--min-count", ns.min_count, 1),
-                             ("--context", ns.context, 0)):
+                             ("--context", ns.context, 0),
+                             ("--samples-per-prompt", ns.samples_per_prompt, 1)):
         if value < low:
             print(f"error: {flag} must be >= {low}, got {value}", file=sys.stderr)
             return 2
+    if ns.samples_per_prompt > 1 and ns.temperature <= 0:
+        print(f"error: --samples-per-prompt {ns.samples_per_prompt} needs --temperature > 0 "
+              "(greedy continuations of one prompt are all the same)", file=sys.stderr)
+        return 2
     try:
         prompts = (read_prompts(ns.prompts) if ns.prompts is not None
                    else training_prompts(ns.num_prompts, ns.prompt_chars, seed=ns.seed))
@@ -135,7 +142,8 @@ def cmd_trie(ns: argparse.Namespace) -> int:
     report = build_distilled_trie(
         _model_dir(ns.model), prompts, ns.out, max_tokens=ns.max_tokens, temperature=ns.temperature,
         seed=ns.seed, order=ns.order, min_count=ns.min_count, context=ns.context,
-        engine={"dtype": ns.dtype, "max_model_len": ns.max_model_len})
+        engine={"dtype": ns.dtype, "max_model_len": ns.max_model_len},
+        samples_per_prompt=ns.samples_per_prompt)
     report["prompts_source"] = str(ns.prompts) if ns.prompts is not None else (
         f"vllm_treespec.fixtures.corpus.training_prompts({ns.num_prompts}, {ns.prompt_chars}, seed={ns.seed})")
     text = json.dumps(report, indent=2, default=str)

@@ -14,7 +14,7 @@ the first n-grams of the continuation carry their real context, and it keeps the
 the model's writing rather than the prompts' text, which the corpus trie already covers. Use prompts
 like the traffic the deployment serves, never the prompts a benchmark measures. Greedy
 continuations (temperature 0) match greedy traffic; for sampled traffic generate at the served
-temperature.
+temperature, several samples per prompt.
 
     vllm-treespec train trie MODEL --out model.trie --prompts prompts.jsonl --order 5
 """
@@ -68,9 +68,12 @@ def read_prompts(path: str | Path) -> list[str]:
 def build_distilled_trie(model_dir: str | Path, prompts: Sequence[str], out: str | Path, *,
                          max_tokens: int = 128, temperature: float = 0.0, seed: int = 0,
                          order: int = 5, min_count: int = 1, context: int = 4,
-                         engine: dict[str, Any] | None = None) -> dict[str, Any]:
+                         engine: dict[str, Any] | None = None,
+                         samples_per_prompt: int = 1) -> dict[str, Any]:
     """Generate the target's continuations of `prompts` through vLLM and count them into the trie
-    file `out` (stamped with the model's tokenizer). Returns the build report."""
+    file `out` (stamped with the model's tokenizer). Several samples per prompt (temperature > 0)
+    make the counts follow the model's sampling distribution, not one draw of it. Returns the
+    build report."""
     from transformers import AutoConfig
 
     from vllm_treespec.ngram.build import build_trie_from_streams
@@ -83,7 +86,7 @@ def build_distilled_trie(model_dir: str | Path, prompts: Sequence[str], out: str
     tokenizer = load_tokenizer(model_dir)
     vocab = max(vocab_size(tokenizer), int(AutoConfig.from_pretrained(str(model_dir)).vocab_size))
     pairs = continuations(model_dir, prompts, max_tokens=max_tokens, temperature=temperature, seed=seed,
-                          engine=engine)
+                          engine=engine, samples=samples_per_prompt)
     streams = distill_streams(pairs, context)
     if not streams:
         raise ValueError("the model generated no tokens for any prompt; raise max_tokens or check "
@@ -92,5 +95,6 @@ def build_distilled_trie(model_dir: str | Path, prompts: Sequence[str], out: str
                                      tokenizer_name=tokenizer_name(model_dir), order=order,
                                      min_count=min_count, vocab_size=vocab)
     report.update(prompts=len(prompts), generated_tokens=sum(len(c) for _, c in pairs),
-                  max_tokens=max_tokens, temperature=temperature, seed=seed, context=context)
+                  max_tokens=max_tokens, temperature=temperature, seed=seed, context=context,
+                  samples_per_prompt=samples_per_prompt)
     return report
