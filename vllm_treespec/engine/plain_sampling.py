@@ -12,10 +12,10 @@ import numpy as np
 import torch
 
 from vllm_treespec.engine.request_table import RequestTable
-from vllm_treespec.engine.runner_state import (batch_req_ids, discarded_rows, num_computed_tokens,
-                                               request_sampling, runner_device)
-from vllm_treespec.engine.tree_step import plan_tree_step
-from vllm_treespec.engine.tree_verifier import SAMPLING_EPS, acceptance_generators, verify_step
+from vllm_treespec.engine.runner_state import (batch_req_ids, discarded_rows, request_sampling,
+                                               runner_device)
+from vllm_treespec.engine.tree_verifier import SAMPLING_EPS, acceptance_generators
+from vllm_treespec.verify import accept_trees
 
 __all__ = ["sample_plain_step"]
 
@@ -35,15 +35,18 @@ def sample_plain_step(runner: Any, logits: Any, vllm_sample: Callable[[], Any], 
             and requests.blocker(ids_all[i], runner) is None]
     if not rows:
         return vllm_sample()
-    include = np.asarray(rows, dtype=np.int64)
-    own_logits = logits[torch.from_numpy(include)].clone()    # vLLM's sampler edits logits in place
+    include = torch.from_numpy(np.asarray(rows, dtype=np.int64))
+    own_logits = logits[include].clone()    # vLLM's sampler edits logits in place
     out = vllm_sample()
     ids = [ids_all[i] for i in rows]
     sub = [params[i] for i in rows]
-    step = plan_tree_step(ids, np.ones(len(rows), dtype=np.int64), {}, {},
-                          np.arange(len(rows) + 1, dtype=np.int64), num_computed_tokens(runner)[include])
     gens = acceptance_generators(requests.generators, ids, sub, runner_device(runner))
-    tokens, _ = verify_step(step, own_logits, sub, gens, None, None, coin_rows=coin_rows)
+    # root-only trees straight into the acceptance entry a tree step's verification uses (same
+    # rule, same coin block per request): no step plan, no attention plan, no re-layout
+    n = len(rows)
+    roots = (torch.arange(n + 1), torch.zeros(n, dtype=torch.int64),
+             torch.full((n,), -1, dtype=torch.int64), torch.zeros(n, dtype=torch.int64))
+    result = accept_trees(roots, own_logits, sub, gens, 1, coin_rows=coin_rows)
     sampled = out.sampled_token_ids.clone()
-    sampled[torch.from_numpy(include)] = tokens.to(sampled.dtype)
+    sampled[include] = result.emitted.to(device=sampled.device, dtype=sampled.dtype)
     return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=out.logprobs_tensors)
