@@ -252,17 +252,21 @@ def attention_row(case: Case, methods: set[str]) -> dict[str, Any]:
     return row
 
 
-def host_us(fn: Callable[[], Any], calls: int = 200) -> float:
-    """Host time per call (µs) of `calls` back-to-back calls without a sync."""
+def host_us(fn: Callable[[], Any], calls: int = 200, until_done: bool = False) -> float:
+    """Time per call (µs) of `calls` back-to-back calls: the host's alone (no sync inside the
+    timed loop), or with `until_done` up to the GPU's end of the last call (the pace of an eager
+    layer loop, whichever of host and GPU is slower)."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
     t = time.perf_counter()
     for _ in range(calls):
         fn()
-    host = time.perf_counter() - t
+    if until_done:
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t
     torch.cuda.synchronize()
-    return host / calls * 1e6
+    return elapsed / calls * 1e6
 
 
 def graph_ms(fn: Callable[[], Any], per_graph: int = 10, replays: int = 20) -> float:

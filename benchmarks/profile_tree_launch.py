@@ -22,7 +22,6 @@ import io
 import json
 import pstats
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -80,19 +79,6 @@ def _wrapper(case: Case, splits: int, module=None):
         out=out, **extra)
 
 
-def loop_us(fn, calls: int = 200) -> float:
-    """Wall time per call (µs) of back-to-back calls with one sync at the end: the pace of an
-    eager layer loop, whichever of host and GPU is slower."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / calls * 1e6
-
-
 def _load(path: Path):
     import importlib.util
 
@@ -134,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(3):
                 for name, mod in (("baseline", base), ("current", None)):
                     fn = _wrapper(case, chosen, mod)
-                    ab[name].append({"host_us": host_us(fn), "loop_us": loop_us(fn),
+                    ab[name].append({"host_us": host_us(fn), "loop_us": host_us(fn, until_done=True),
                                      "graph_gpu_ms": graph_ms(fn)})
             row["ab_default_splits"] = ab
             for name, runs in ab.items():

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from support.verify_cases import distinct_sibling_trees
 from vllm_treespec.verify import SamplingParamsBatch, accept_target_only, accept_trees
 from vllm_treespec.verify.accept import _target_only_torch, _unpack
 
@@ -16,20 +17,7 @@ VOCAB = 97
 
 
 def _random_trees(rng: np.random.Generator, num_requests: int) -> tuple[torch.Tensor, ...]:
-    """(offsets, tokens, parents) of random trees of 1-11 nodes with distinct sibling tokens."""
-    offsets, tokens, parents = [0], [], []
-    for _ in range(num_requests):
-        size = int(rng.integers(1, 12))
-        tokens.append(0)
-        parents.append(-1)
-        for i in range(1, size):
-            parent = int(rng.integers(0, i))
-            siblings = {tokens[offsets[-1] + j] for j in range(1, i)
-                        if parents[offsets[-1] + j] == parent}
-            tokens.append(int(rng.choice([t for t in range(VOCAB) if t not in siblings])))
-            parents.append(parent)
-        offsets.append(offsets[-1] + size)
-    return tuple(torch.tensor(x, dtype=torch.int64) for x in (offsets, tokens, parents))
+    return distinct_sibling_trees(rng, num_requests, VOCAB)
 
 
 def _peaked_logits(rng: np.random.Generator, tree: tuple[torch.Tensor, ...]) -> torch.Tensor:

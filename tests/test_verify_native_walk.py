@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from support.verify_cases import distinct_sibling_trees
 from vllm_treespec.verify import SamplingParamsBatch, accept_target_only
 from vllm_treespec.verify.accept import _target_only_torch, _unpack
 from vllm_treespec.verify.rules import draw_target_tokens, draw_target_tokens_torch
@@ -80,20 +81,7 @@ def test_row_draws_follow_the_processed_distribution() -> None:
 
 
 def _random_trees(rng: np.random.Generator, num_requests: int) -> tuple[torch.Tensor, ...]:
-    offsets, tokens, parents = [0], [], []
-    for _ in range(num_requests):
-        size = int(rng.integers(1, 12))
-        tokens.append(0)
-        parents.append(-1)
-        for i in range(1, size):
-            parent = int(rng.integers(0, i))
-            siblings = {tokens[offsets[-1] + j] for j in range(1, i)
-                        if parents[offsets[-1] + j] == parent}
-            free = [t for t in range(VOCAB) if t not in siblings]
-            tokens.append(int(rng.choice(free)))
-            parents.append(parent)
-        offsets.append(offsets[-1] + size)
-    return tuple(torch.tensor(x, dtype=torch.int64) for x in (offsets, tokens, parents))
+    return distinct_sibling_trees(rng, num_requests, VOCAB)
 
 
 def test_walk_matches_the_torch_walk() -> None:

@@ -12,6 +12,25 @@ import numpy as np
 import torch
 
 
+def distinct_sibling_trees(rng: np.random.Generator, num_requests: int, vocab: int,
+                           max_size: int = 11) -> tuple[torch.Tensor, ...]:
+    """(offsets, tokens, parents) int64 of random trees of 1..max_size nodes whose siblings carry
+    distinct tokens (what a drafter proposes), root token 0."""
+    offsets, tokens, parents = [0], [], []
+    for _ in range(num_requests):
+        size = int(rng.integers(1, max_size + 1))
+        tokens.append(0)
+        parents.append(-1)
+        for i in range(1, size):
+            parent = int(rng.integers(0, i))
+            siblings = {tokens[offsets[-1] + j] for j in range(1, i)
+                        if parents[offsets[-1] + j] == parent}
+            tokens.append(int(rng.choice([t for t in range(vocab) if t not in siblings])))
+            parents.append(parent)
+        offsets.append(offsets[-1] + size)
+    return tuple(torch.tensor(x, dtype=torch.int64) for x in (offsets, tokens, parents))
+
+
 def random_tree_batch(
     rng: np.random.Generator,
     sizes: Sequence[int],
