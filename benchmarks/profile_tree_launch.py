@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(3):
                 for name, mod in (("baseline", base), ("current", None)):
                     fn = _wrapper(case, chosen, mod)
-                    ab[name].append({"host_us": host_us(fn), "loop_us": host_us(fn, until_done=True),
+                    ab[name].append({"host_us": host_us(fn),
+                                     "loop_us": host_us(fn, until_done=True),
                                      "graph_gpu_ms": graph_ms(fn)})
             row["ab_default_splits"] = ab
             for name, runs in ab.items():
