@@ -2,7 +2,8 @@
 prepare it as a plain step): vLLM's plain sampler output, with the tokens of seeded sampled
 requests re-drawn by tree acceptance from their own generators (root-only trees). Such a request
 draws from the same stream whether or not other requests in its steps drafted, so its tokens do
-not depend on other traffic. Others keep vLLM's token.
+not depend on other traffic. Others keep vLLM's token; when every row is re-drawn and nobody asked
+for logprobs, vLLM's sampler is not run at all.
 """
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import numpy as np
 import torch
 
 from vllm_treespec.engine.request_table import RequestTable
-from vllm_treespec.engine.runner_state import (batch_req_ids, discarded_rows, request_sampling,
-                                               runner_device)
+from vllm_treespec.engine.runner_state import (batch_req_ids, batch_wants_logprobs, discarded_rows,
+                                               request_sampling, runner_device)
 from vllm_treespec.engine.tree_verifier import SAMPLING_EPS, acceptance_generators
 from vllm_treespec.verify import accept_trees
 
@@ -36,8 +37,11 @@ def sample_plain_step(runner: Any, logits: Any, vllm_sample: Callable[[], Any], 
     if not rows:
         return vllm_sample()
     include = torch.from_numpy(np.asarray(rows, dtype=np.int64))
-    own_logits = logits[include].clone()    # vLLM's sampler edits logits in place
-    out = vllm_sample()
+    # every row re-drawn and no logprobs asked: vLLM's sampler would only make tokens that are
+    # replaced (it keeps no state between steps; its generators are not the re-draw's)
+    replaced = len(rows) == num_reqs and not batch_wants_logprobs(runner)
+    own_logits = logits[include] if replaced else logits[include].clone()  # vLLM edits in place
+    out = None if replaced else vllm_sample()
     ids = [ids_all[i] for i in rows]
     sub = [params[i] for i in rows]
     gens = acceptance_generators(requests.generators, ids, sub, runner_device(runner))
@@ -47,6 +51,10 @@ def sample_plain_step(runner: Any, logits: Any, vllm_sample: Callable[[], Any], 
     roots = (torch.arange(n + 1), torch.zeros(n, dtype=torch.int64),
              torch.full((n,), -1, dtype=torch.int64), torch.zeros(n, dtype=torch.int64))
     result = accept_trees(roots, own_logits, sub, gens, 1, coin_rows=coin_rows)
+    if out is None:
+        return SamplerOutput(sampled_token_ids=result.emitted.to(device=logits.device,
+                                                                 dtype=torch.int32),
+                             logprobs_tensors=None)
     sampled = out.sampled_token_ids.clone()
     sampled[include] = result.emitted.to(device=sampled.device, dtype=sampled.dtype)
     return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=out.logprobs_tensors)

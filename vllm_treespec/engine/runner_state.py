@@ -125,6 +125,13 @@ def discarded_rows(runner: Any, num_reqs: int) -> np.ndarray:
     return np.asarray(mask.np[:num_reqs], dtype=bool)
 
 
+def batch_wants_logprobs(runner: Any) -> bool:
+    """Whether any request of the step's batch asked for logprobs, top ones or of given tokens
+    (vLLM's sampler computes them: `SamplingMetadata.max_num_logprobs` / `logprob_token_ids`)."""
+    metadata = runner.input_batch.sampling_metadata
+    return metadata.max_num_logprobs is not None or bool(metadata.logprob_token_ids)
+
+
 def request_sampling(runner: Any, req_ids: Sequence[str]) -> list[Any]:
     """SamplingParams of each request. Its generator (`CachedRequestState.generator`) is not
     read: it is vLLM's sampler's, which may advance it in the same step; tree acceptance keeps
