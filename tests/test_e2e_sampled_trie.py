@@ -51,7 +51,6 @@ def _outputs(run: dict, phase: str) -> list[list[int]]:
 
 def test_greedy_requests_stay_equal_to_speculation_off(runs):
     off, tree = runs["off"], runs["tree"]
-    assert _outputs(tree, "greedy") == _outputs(off, "greedy")
     assert _outputs(tree, "mixed")[4:] == _outputs(off, "mixed")[4:]
     assert_same_outputs({"phases": [p for p in off["phases"] if p["name"] == "greedy"]},
                         {"phases": [p for p in tree["phases"] if p["name"] == "greedy"]})

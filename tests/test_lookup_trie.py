@@ -202,6 +202,7 @@ def test_sampled_requests_draft_from_the_sampled_trie():
         assert drafts([0.7, None, 0.0]) == [s_, g, g]
         assert drafts([0.0, 1.0, 0.3]) == [g, s_, s_]
         assert drafts([0.7, 0.7, 1.0]) == [s_, s_, s_]
+        assert drafts([1e-6, 1e-5, None]) == [g, s_, g]      # vLLM's greedy threshold, 1e-5
         assert drafts(None) == [g, g, g]
         missing = load_config({"drafter": {"type": "lookup_trie", "path": str(greedy),
                                            "sampled_path": str(Path(tmp) / "nope.trie")}}, 8)

@@ -58,9 +58,10 @@ What is checked, in this order (cheapest first, so most errors come before a hea
 2. Budgets against num_speculative_tokens (the same check `load_config` runs when given it).
 3. --model / --tokenizer: a local directory (or a hub id: model checks skipped).
 4. Every trie file (drafter.path of ngram_trie / lookup_trie, lookup_trie's
-   drafter.sampled_path, drafter.ngram of dart / jetspec): a regular, non-empty, readable file; then `NgramTrie.load(path, verify=True)`, the loader's
-   own checks: magic, byte order, format version, header checksum, file size (truncation,
-   trailing bytes), section bounds, then the O(file) pass: payload checksum and structure.
+   drafter.sampled_path, drafter.ngram of dart / jetspec): a regular, non-empty, readable
+   file; then `NgramTrie.load(path, verify=True)`, the loader's own checks: magic, byte
+   order, format version, header checksum, file size (truncation, trailing bytes), section
+   bounds, then the O(file) pass: payload checksum and structure.
    That pass reads the whole file: 0.25-0.3 s for a 237 MB trie in the page cache on the 2-core
    dev VM (about 1 GB/s), disk-bound when cold. No cheaper check catches a flipped payload bit
    (the payload checksum reads every byte too), and the read warms the page cache the server

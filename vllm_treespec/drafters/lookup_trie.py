@@ -27,6 +27,7 @@ import numpy as np
 from vllm_treespec.drafters.base import DraftInputs, Drafter, DrafterCapabilities, Proposal, split_flat_trees
 from vllm_treespec.drafters.ngram_trie import load_checked_trie
 from vllm_treespec.tree import DraftTree
+from vllm_treespec.verify.sampling_params import SAMPLING_EPS
 
 __all__ = ["LookupTrieDrafter", "native_trees"]
 
@@ -42,8 +43,9 @@ def native_trees(trie: Any, inputs: DraftInputs, **params: Any) -> list[DraftTre
 
 
 def _samples(params: Any) -> bool:
-    """Whether a request samples (temperature > 0); None (unknown) counts as greedy."""
-    return params is not None and float(getattr(params, "temperature", 0.0) or 0.0) > 0.0
+    """Whether a request samples (vLLM's rule: temperature >= SAMPLING_EPS, as acceptance
+    decides); None (unknown) counts as greedy."""
+    return params is not None and float(getattr(params, "temperature", 0.0) or 0.0) >= SAMPLING_EPS
 
 
 def _subset(inputs: DraftInputs, index: np.ndarray) -> DraftInputs:

@@ -265,8 +265,13 @@ def split_workspace(num_splits: int, num_rows: int, num_heads: int, head_dim: in
     put under a CUDA graph)."""
     if num_splits <= 1:
         return None
-    return torch.empty(num_splits * num_rows * num_heads * (head_dim + 1), dtype=torch.float32,
-                       device=device)
+    return torch.empty(_workspace_numel(num_splits, num_rows, num_heads, head_dim),
+                       dtype=torch.float32, device=device)
+
+
+def _workspace_numel(num_splits: int, num_rows: int, num_heads: int, head_dim: int) -> int:
+    """Partial outputs [S, T, Hq, D] then their log-sum-exps [S, T, Hq], float32."""
+    return num_splits * num_rows * num_heads * (head_dim + 1)
 
 
 def _check(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -343,7 +348,7 @@ def paged_tree_attention(query: torch.Tensor, key_cache: torch.Tensor,
         num_splits = default_num_splits(query, hkv, b, max_rows, max_prefix or 0, block_m, block_n)
     tiles = triton.cdiv(max_rows * group, block_m)
     if num_splits > 1:
-        need = num_splits * t * hq * (d + 1)
+        need = _workspace_numel(num_splits, t, hq, d)
         if workspace is None:
             workspace = split_workspace(num_splits, t, hq, d, query.device)
         elif (workspace.dtype != torch.float32 or workspace.numel() < need
