@@ -75,6 +75,16 @@ def test_missing_trie_names_the_key_file_and_build_command(tmp_path, tiny_model)
     assert f"vllm-treespec train trie {tiny_model}" in msg
 
 
+def test_missing_sampled_trie_names_its_own_key(tmp_path, good_trie, tiny_model):
+    """lookup_trie's second trie (drafter.sampled_path) is checked like drafter.path."""
+    missing = tmp_path / "sampled.trie"
+    cfg = load_config({"drafter": {"type": "lookup_trie", "path": str(good_trie),
+                                   "sampled_path": str(missing)}})
+    e = _fails(cfg, tiny_model)
+    assert e.code == EXIT_FILE and e.key == "drafter.sampled_path"
+    assert str(e).startswith("drafter.sampled_path: ") and f"{missing} does not exist" in str(e)
+
+
 def test_empty_trie(tmp_path):
     empty = tmp_path / "empty.trie"
     empty.touch()
