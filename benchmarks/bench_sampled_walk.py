@@ -25,7 +25,7 @@ import torch
 from harness.accept_latency import synthetic_batch
 from harness.report import git_commit, hardware_info
 from vllm_treespec.verify import SamplingParamsBatch
-from vllm_treespec.verify.accept import _target_only_native, _target_only_torch, _unpack
+from vllm_treespec.verify.accept import _target_only_native, _target_only_torch
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -44,13 +44,12 @@ def time_walk(walk, batch: int, nodes: int, vocab: int, temperature: float, seed
               calls: int) -> tuple[float, float]:
     """(median ms per call, mean tokens emitted per request) of one walk on one batch."""
     tree, logits, _ = synthetic_batch(batch, nodes, vocab, seed=batch * 100 + nodes)
-    fields = _unpack(tree, logits)
     params = SamplingParamsBatch.from_lists([temperature] * batch)
     times, emitted = [], 0.0
     for i in range(calls):
         gens = [torch.Generator().manual_seed(i * batch + b) for b in range(batch)] if seeded else None
         start = time.perf_counter()
-        res = walk(fields, logits, params, gens, nodes, nodes + 1)
+        res = walk(tree, logits, params, gens, nodes, nodes + 1)
         times.append(time.perf_counter() - start)
         emitted += float(res.num_emitted.float().mean())
     return 1e3 * statistics.median(times[calls // 6:]), emitted / calls

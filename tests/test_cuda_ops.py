@@ -24,14 +24,14 @@ pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and cuda_ops.avai
 def test_greedy_accept_matches_torch_rule(seed, sizes):
     rng = np.random.default_rng(seed)
     tree = random_tree_batch(rng, sizes, vocab=8, max_children=2)
-    logits = torch.from_numpy(rng.standard_normal((int(tree["offsets"][-1]), 8)).astype("f4"))
-    toks, pars, offs = tree["tokens"], tree["parents"], tree["offsets"].tolist()
+    logits = torch.from_numpy(rng.standard_normal((int(tree.offsets[-1]), 8)).astype("f4"))
+    toks, pars, offs = tree.tokens, tree.parents, tree.offsets.tolist()
     for b in range(len(sizes)):                        # make the argmax follow a child often
         for i in range(offs[b] + 1, offs[b + 1]):
             if rng.random() < 0.6:
                 logits[offs[b] + int(pars[i]), int(toks[i])] += 10.0
     want = accept_greedy(tree, logits)
-    got = cuda_ops.greedy_tree_accept(tree["offsets"].cuda(), toks.cuda(), pars.cuda(),
+    got = cuda_ops.greedy_tree_accept(tree.offsets.cuda(), toks.cuda(), pars.cuda(),
                                       logits.argmax(1).cuda(), want.emitted.shape[1])
     for g, w in zip(got, (want.emitted, want.accepted_nodes, want.num_emitted)):
         assert torch.equal(g.cpu(), w)

@@ -196,16 +196,16 @@ def test_greedy_walk_equals_the_torch_rule_on_random_trees():
     for trial in range(50):
         sizes = rng.integers(1, 40, size=int(rng.integers(1, 8))).tolist()
         tree = random_tree_batch(rng, sizes, vocab=6, max_children=3)
-        logits = torch.randn(int(tree["offsets"][-1]), 6, generator=torch.Generator().manual_seed(trial))
+        logits = torch.randn(int(tree.offsets[-1]), 6, generator=torch.Generator().manual_seed(trial))
         ref = accept_greedy(tree, logits)
         width = ref.emitted.shape[1]
-        walk = greedy_walk(tree["offsets"], tree["tokens"], tree["parents"], logits, width)
+        walk = greedy_walk(tree, logits, width)
         assert torch.equal(walk.emitted, ref.emitted) and torch.equal(walk.accepted_nodes, ref.accepted_nodes)
 
 
-def test_ancestor_words_equal_tree_masks():
-    from vllm_treespec.engine.tree_step import FlatTrees
-    from vllm_treespec.tree.ancestors import ancestor_words
+def test_step_batch_ancestor_words_match_walking_up_the_parents():
+    """The step batch's masks (the one implementation, tree/ancestors.py) against a walk up
+    each node's parents, for trees wider than one 64-bit word."""
     from vllm_treespec.tree import TreeBatch
 
     rng = np.random.default_rng(1)
@@ -213,10 +213,19 @@ def test_ancestor_words_equal_tree_masks():
     for n in (1, 5, 70, 130):
         parents = [-1] + [int(rng.integers(i)) for i in range(1, n)]
         trees.append(DraftTree(np.arange(n), parents))
-    flat = FlatTrees.concat(trees)
-    got = ancestor_words(flat.offsets.numpy(), flat.parents.numpy(),
-                         flat.depth.numpy()).view(np.int64)
-    assert np.array_equal(got, TreeBatch.from_trees(trees).anc_mask.numpy())
+    words = TreeBatch.from_trees(trees).anc_mask.numpy().view(np.uint64)
+    row = 0
+    for tree in trees:
+        for node in range(tree.num_nodes):
+            want = set()
+            j = node
+            while j >= 0:
+                want.add(j)
+                j = int(tree.parents[j])
+            got = {w * 64 + bit for w in range(words.shape[1]) for bit in range(64)
+                   if (int(words[row, w]) >> bit) & 1}
+            assert got == want, (tree.num_nodes, node)
+            row += 1
 
 
 def _draft_probs(node_rows, vocab=16, seed=0):

@@ -324,9 +324,9 @@ def test_device_greedy_walk_equals_the_host_walk():
     for trial in range(12):
         sizes = rng.integers(1, 30, size=int(rng.integers(1, 6))).tolist()
         tree = random_tree_batch(rng, sizes, vocab=5, max_children=3)
-        logits = torch.randn(int(tree["offsets"][-1]), 5, generator=torch.Generator().manual_seed(trial))
+        logits = torch.randn(int(tree.offsets[-1]), 5, generator=torch.Generator().manual_seed(trial))
         for width in (max(sizes), 3):             # full depth, and paths cut at 3 tokens
-            args = (tree["offsets"], tree["tokens"], tree["parents"], logits, width)
+            args = (tree, logits, width)
             host = host_greedy_walk(*args)
             dev = device_greedy_walk(*args)
             for field in ("emitted", "num_emitted", "accepted_nodes", "accepted_rows"):
@@ -361,7 +361,7 @@ def test_device_compaction_moves_what_the_host_path_moves(dtype):
             logits[start + int(parents[node]), int(step.trees.tokens[start + node])] += 100
             node = int(parents[node])
     width = step.max_num_draft + 1
-    walk = greedy_walk(offsets, step.trees.tokens, step.trees.parents, logits, width)
+    walk = greedy_walk(step.trees, logits, width)
     src, dst = tree_verifier.accepted_moves(step, walk.accepted_nodes)        # the host path's
     assert src.numel() > 0
 

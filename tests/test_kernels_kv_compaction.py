@@ -38,12 +38,12 @@ def _step(seed, sizes, prefixes, block_size, follow=0.9):
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)
     tree = random_tree_batch(rng, sizes, vocab=6, max_children=2)
-    logits = torch.randn(int(tree["offsets"][-1]), 6, generator=gen)
-    for i, par in enumerate(tree["parents"].tolist()):     # argmax often on a child
+    logits = torch.randn(int(tree.offsets[-1]), 6, generator=gen)
+    for i, par in enumerate(tree.parents.tolist()):     # argmax often on a child
         if par >= 0 and rng.random() < follow:
-            start = int(tree["offsets"][torch.searchsorted(tree["offsets"], i, right=True) - 1])
-            logits[start + par, tree["tokens"][i]] += 5.0 + rng.random()
-    res = greedy_walk(tree["offsets"], tree["tokens"], tree["parents"], logits, max(sizes))
+            start = int(tree.offsets[torch.searchsorted(tree.offsets, i, right=True) - 1])
+            logits[start + par, tree.tokens[i]] += 5.0 + rng.random()
+    res = greedy_walk(tree, logits, max(sizes))
     need = [-(-(p + n) // block_size) for p, n in zip(prefixes, sizes)]
     table = random_block_table(gen, need, sum(need) + 2, max(need) + 1)
     slot_mapping = torch.cat([
@@ -74,13 +74,13 @@ def _moves_by_hand(slot_mapping, offsets, nodes):
 def test_matches_reference_on_accepted_paths(seed, dtype, heads, d, block_size, block_j):
     sizes, prefixes = [1, 12, 40, 7, 25], [0, 5, 17, 9, 30]
     tree, res, slot_mapping, num_blocks = _step(seed, sizes, prefixes, block_size)
-    src, dst = slot_moves(slot_mapping.to(DEVICE), tree["offsets"].to(DEVICE),
+    src, dst = slot_moves(slot_mapping.to(DEVICE), tree.offsets.to(DEVICE),
                           res.accepted_nodes.to(DEVICE))
-    ref_src, ref_dst = _moves_by_hand(slot_mapping, tree["offsets"], res.accepted_nodes)
+    ref_src, ref_dst = _moves_by_hand(slot_mapping, tree.offsets, res.accepted_nodes)
     assert ref_src.numel() > 0
     # the device-side pairs are the rule's moves, padded per request; the host's list is theirs
     assert torch.equal(src[src >= 0].cpu(), ref_src) and torch.equal(dst[dst >= 0].cpu(), ref_dst)
-    host = listed_moves(*slot_moves(slot_mapping, tree["offsets"], res.accepted_nodes))
+    host = listed_moves(*slot_moves(slot_mapping, tree.offsets, res.accepted_nodes))
     assert torch.equal(host[0], ref_src) and torch.equal(host[1], ref_dst)
 
     gen = torch.Generator().manual_seed(seed)

@@ -41,8 +41,8 @@ def test_matches_torch_greedy_rule(seed, sizes, vocab, max_children):
         logits = biased_logits(rng, tree, vocab, follow, boost=10.0)
         want = accept_greedy(tree, logits)
         width = want.emitted.shape[1]
-        dev = {k: v.to(DEVICE) for k, v in tree.items()}
-        got = greedy_tree_accept(dev["offsets"], dev["tokens"], dev["parents"],
+        dev = tree.to(DEVICE)
+        got = greedy_tree_accept(dev.offsets, dev.tokens, dev.parents,
                                  greedy_tokens(logits).to(DEVICE), width)
         assert torch.equal(got[0].cpu(), want.emitted)
         assert torch.equal(got[1].cpu(), want.accepted_nodes)
@@ -58,7 +58,7 @@ def test_int32_inputs_and_width_cut():
     tree = _tree(rng, [40, 12, 1], 4, 2)
     logits = biased_logits(rng, tree, 4, 1.0, boost=10.0)
     full = accept_greedy(tree, logits)
-    i32 = {k: v.to(torch.int32).to(DEVICE) for k, v in tree.items()}
+    i32 = {k: getattr(tree, k).to(torch.int32).to(DEVICE) for k in ("offsets", "tokens", "parents")}
     target = greedy_tokens(logits).to(torch.int32).to(DEVICE)
     for width in (1, 2, 3):
         em, nodes, count = (x.cpu() for x in greedy_tree_accept(
@@ -80,9 +80,9 @@ def test_outputs_fully_written():
     real_empty = torch.empty
     try:
         mod.torch.empty = lambda *a, **k: poison_(real_empty(*a, **k))  # type: ignore[assignment]
-        em, nodes, count = greedy_tree_accept(tree["offsets"].to(DEVICE),
-                                              tree["tokens"].to(DEVICE),
-                                              tree["parents"].to(DEVICE), target.to(DEVICE), 6)
+        em, nodes, count = greedy_tree_accept(tree.offsets.to(DEVICE),
+                                              tree.tokens.to(DEVICE),
+                                              tree.parents.to(DEVICE), target.to(DEVICE), 6)
     finally:
         mod.torch.empty = real_empty  # type: ignore[assignment]
     assert not (em == -7).any() and not (nodes == -7).any() and not (count == -7).any()

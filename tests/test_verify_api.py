@@ -1,4 +1,4 @@
-"""accept(): input formats, reproducibility, batch independence, clear errors, bench smoke."""
+"""accept(): the TreeBatch contract, reproducibility, batch independence, clear errors, bench smoke."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -9,7 +9,8 @@ import torch
 
 from harness.accept_latency import accept_latency
 from support.verify_cases import random_tree_batch
-from vllm_treespec.verify import SamplingParamsBatch, accept
+from vllm_treespec.tree import TreeBatch
+from vllm_treespec.verify import SamplingParamsBatch, accept, greedy_walk
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -21,11 +22,11 @@ def _setup(seed: int, sizes):
     rng = np.random.default_rng(seed)
     tree = random_tree_batch(rng, sizes, VOCAB)
     # Peaked target rows on a child so walks go deep; draft rows close to the target.
-    logits = torch.tensor(rng.normal(0, 1, (len(tree["tokens"]), VOCAB)), dtype=torch.float32)
-    offsets = tree["offsets"].tolist()
+    logits = torch.tensor(rng.normal(0, 1, (len(tree.tokens), VOCAB)), dtype=torch.float32)
+    offsets = tree.offsets.tolist()
     for b in range(len(sizes)):
         for i in range(offsets[b] + 1, offsets[b + 1]):
-            logits[offsets[b] + int(tree["parents"][i]), int(tree["tokens"][i])] += 1.5
+            logits[offsets[b] + int(tree.parents[i]), int(tree.tokens[i])] += 1.5
     draft = torch.softmax(logits + torch.tensor(rng.normal(0, 0.5, logits.shape)).float(), -1)
     n = len(sizes)
     params = SamplingParamsBatch.from_lists(
@@ -38,12 +39,8 @@ def _setup(seed: int, sizes):
 
 
 def _slice_request(tree, logits, draft, b):
-    lo, hi = int(tree["offsets"][b]), int(tree["offsets"][b + 1])
-    sub = {
-        "offsets": torch.tensor([0, hi - lo]),
-        "tokens": tree["tokens"][lo:hi],
-        "parents": tree["parents"][lo:hi],
-    }
+    lo, hi = int(tree.offsets[b]), int(tree.offsets[b + 1])
+    sub = TreeBatch.from_arrays([0, hi - lo], tree.tokens[lo:hi], tree.parents[lo:hi])
     return sub, logits[lo:hi], draft[lo:hi]
 
 
@@ -56,7 +53,7 @@ MODES = [
 
 def _children_counts(tree) -> torch.Tensor:
     """Children per node: the draws each node made when every child is one draw (node_draws)."""
-    offsets, parents = tree["offsets"], tree["parents"]
+    offsets, parents = tree.offsets, tree.parents
     base = torch.repeat_interleave(offsets[:-1], offsets[1:] - offsets[:-1])
     counts = torch.zeros(parents.numel(), dtype=torch.int64)
     draft = parents >= 0
@@ -115,8 +112,7 @@ def test_generator_advances_by_a_fixed_block(mode):
     params = SamplingParamsBatch.from_lists([1.0, 1.0])
     g = torch.Generator().manual_seed(5)
     if mode == "root_only":
-        roots = {"offsets": torch.tensor([0, 1, 2]), "tokens": torch.tensor([1, 2]),
-                 "parents": torch.tensor([-1, -1])}
+        roots = TreeBatch.root_only([1, 2])
         accept(roots, logits[:2], mode="target_only", sampling=params, generators=[g, None],
                coin_rows=6)
     else:
@@ -128,19 +124,13 @@ def test_generator_advances_by_a_fixed_block(mode):
     assert torch.equal(g.get_state(), ref.get_state())
 
 
-def test_tree_input_forms_agree():
+def test_given_or_derived_depth_agree():
+    """A batch built from lists and arrays with its depth given accepts as one whose depth was
+    derived from the parents (a greedy and a sampled request)."""
     tree, logits, _, _ = _setup(4, [8, 5])
-    depth = torch.zeros_like(tree["tokens"])
-    for i, par in enumerate(tree["parents"].tolist()):
-        if par >= 0:
-            depth[i] = depth[(0 if i < 8 else 8) + par] + 1
-    forms = [
-        tree,
-        (tree["offsets"], tree["tokens"], tree["parents"]),
-        (tree["offsets"].tolist(), tree["tokens"].numpy(), tree["parents"].tolist(), depth),
-        SimpleNamespace(**tree, depth=depth, ancestor_mask=None, logprob=None),
-    ]
-    params = SamplingParamsBatch.from_lists([0.0, 1.0])      # a greedy and a sampled request
+    forms = [tree, TreeBatch.from_arrays(tree.offsets.tolist(), tree.tokens.numpy(), tree.parents.tolist(),
+                                         tree.depth.tolist())]
+    params = SamplingParamsBatch.from_lists([0.0, 1.0])
     results = [accept(f, logits, mode="target_only", sampling=params,
                       generators=[None, torch.Generator().manual_seed(3)]).emitted for f in forms]
     assert all(torch.equal(r, results[0]) for r in results)
@@ -148,7 +138,7 @@ def test_tree_input_forms_agree():
 
 def _tiny():
     tree = {"offsets": torch.tensor([0, 3]), "tokens": torch.tensor([4, 1, 2]),
-            "parents": torch.tensor([-1, 0, 0])}
+            "parents": torch.tensor([-1, 0, 0])}     # TreeBatch.from_arrays keywords
     return tree, torch.randn(3, 5), torch.full((3, 5), 0.2)
 
 
@@ -222,14 +212,17 @@ def test_bad_input_errors(change, kwargs, error, match):
     if "draft" in kwargs:
         kwargs["draft_probs"] = kwargs.pop("draft")
     with pytest.raises(error, match=match):
-        accept(tree, logits, **kwargs)
+        accept(TreeBatch.from_arrays(**tree), logits, **kwargs)
 
 
-def test_missing_tree_fields_error():
-    with pytest.raises(TypeError, match="no 'parents'"):
-        accept(SimpleNamespace(offsets=[0, 1], tokens=[3]), torch.randn(1, 5))
-    with pytest.raises(TypeError, match="tuple"):
-        accept(([0, 1], [3]), torch.randn(1, 5))
+def test_acceptance_takes_the_tree_batch_only():
+    """One tree contract: anything but a TreeBatch is refused with the type to use."""
+    for not_a_batch in (SimpleNamespace(offsets=[0, 1], tokens=[3], parents=[-1]),
+                        ([0, 1], [3], [-1]), {"offsets": [0, 1], "tokens": [3], "parents": [-1]}):
+        with pytest.raises(TypeError, match="TreeBatch"):
+            accept(not_a_batch, torch.randn(1, 5))
+        with pytest.raises(TypeError, match="TreeBatch"):
+            greedy_walk(not_a_batch, torch.randn(1, 5), 1)
 
 
 def test_bench_smoke():
@@ -252,12 +245,11 @@ def test_root_only_batches_sample_as_the_walk_does(seed):
     logits = torch.tensor(rng.normal(0, 2, (n, VOCAB)), dtype=torch.float32)
     params = SamplingParamsBatch.from_lists([0.0, 0.7, 1.0, 1.3, 0.9], [0, 3, 0, 5, 0],
                                             [1.0, 0.9, 0.6, 1.0, 1.0], [0.0, 0.0, 0.1, 0.0, 0.05])
-    roots = {"offsets": torch.arange(n + 1), "tokens": torch.tensor(rng.integers(0, VOCAB, n)),
-             "parents": torch.full((n,), -1)}
+    roots = TreeBatch.root_only(torch.tensor(rng.integers(0, VOCAB, n)))
     extra = random_tree_batch(rng, [6], VOCAB)
-    mixed = {"offsets": torch.cat([roots["offsets"], n + extra["offsets"][1:]]),
-             "tokens": torch.cat([roots["tokens"], torch.as_tensor(extra["tokens"])]),
-             "parents": torch.cat([roots["parents"], torch.as_tensor(extra["parents"])])}
+    mixed = TreeBatch.from_arrays(torch.cat([roots.offsets, n + extra.offsets[1:]]),
+                                  torch.cat([roots.tokens, extra.tokens]),
+                                  torch.cat([roots.parents, extra.parents]))
     mixed_logits = torch.cat([logits, torch.tensor(rng.normal(0, 2, (6, VOCAB)), dtype=torch.float32)])
     mixed_params = SamplingParamsBatch.from_lists([0.0, 0.7, 1.0, 1.3, 0.9, 1.0], [0, 3, 0, 5, 0, 0],
                                                   [1.0, 0.9, 0.6, 1.0, 1.0, 1.0],
@@ -282,16 +274,15 @@ def test_root_only_batches_sample_as_the_walk_does(seed):
     ({"max_depth": -1}, 2, "max_depth=-1"),
 ])
 def test_root_only_bad_input_errors(kwargs, logits_rows, match):
-    roots = {"offsets": torch.tensor([0, 1, 2]), "tokens": torch.tensor([1, 2]),
-             "parents": torch.tensor([-1, -1])}
+    roots = TreeBatch.root_only([1, 2])
     with pytest.raises(ValueError, match=match):
         accept(roots, torch.randn(logits_rows, VOCAB), **kwargs)
 
 
 def test_root_only_path_still_validates_the_tree():
-    """A batch that only looks root-only (a root with a parent) gets build_layout's error."""
-    bad = {"offsets": torch.tensor([0, 1, 2]), "tokens": torch.tensor([1, 2]),
-           "parents": torch.tensor([-1, 0])}
+    """A batch that only looks root-only (a root with a parent) gets TreeBatch.check's error."""
+    bad = TreeBatch(torch.tensor([0, 1, 2]), torch.tensor([1, 2]), torch.tensor([-1, 0]),
+                    torch.tensor([0, 0]))
     with pytest.raises(ValueError, match="invalid parent 0 at request 1"):
         accept(bad, torch.randn(2, VOCAB), mode="target_only")
 

@@ -8,37 +8,28 @@ import pytest
 import torch
 
 from support.verify_cases import distinct_sibling_trees
+from vllm_treespec.tree import TreeBatch
 from vllm_treespec.verify import SamplingParamsBatch, accept_target_only, accept_trees
-from vllm_treespec.verify.accept import _target_only_torch, _unpack
+from vllm_treespec.verify.accept import _target_only_torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 VOCAB = 97
 
 
-def _random_trees(rng: np.random.Generator, num_requests: int) -> tuple[torch.Tensor, ...]:
+def _random_trees(rng: np.random.Generator, num_requests: int) -> TreeBatch:
     return distinct_sibling_trees(rng, num_requests, VOCAB)
 
 
-def _peaked_logits(rng: np.random.Generator, tree: tuple[torch.Tensor, ...]) -> torch.Tensor:
+def _peaked_logits(rng: np.random.Generator, tree: TreeBatch) -> torch.Tensor:
     """Rows where each drafted child is often the likely token, so the walks go deep."""
-    offsets, tokens, parents = tree
+    offsets, tokens, parents = tree.offsets, tree.tokens, tree.parents
     logits = torch.from_numpy(rng.normal(0, 1, (tokens.numel(), VOCAB)).astype(np.float32))
     for child in range(tokens.numel()):
         if int(parents[child]) >= 0:
             start = int(offsets[offsets <= child][-1])
             logits[start + int(parents[child]), tokens[child]] += 4.0
     return logits
-
-
-def _depth(tree: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    offsets, _, parents = tree
-    depth = torch.zeros_like(parents)
-    for r in range(offsets.numel() - 1):
-        for u in range(int(offsets[r]), int(offsets[r + 1])):
-            p = int(parents[u])
-            depth[u] = 0 if p < 0 else depth[int(offsets[r]) + p] + 1
-    return depth
 
 
 def _same(a, b) -> None:
@@ -50,12 +41,11 @@ def test_greedy_on_the_device_equals_the_host_walk() -> None:
     rng = np.random.default_rng(0)
     for _ in range(10):
         tree = _random_trees(rng, 32)
-        flat = (*tree, _depth(tree))
         logits = _peaked_logits(rng, tree)
         params = [type("P", (), {"temperature": 0.0})()] * 32
-        width = int(flat[3].max()) + 1
-        host = accept_trees(flat, logits, params, [None] * 32, width)
-        device = accept_trees(flat, logits.cuda(), params, [None] * 32, width)
+        width = tree.max_depth + 1
+        host = accept_trees(tree, logits, params, [None] * 32, width)
+        device = accept_trees(tree, logits.cuda(), params, [None] * 32, width)
         assert device.emitted.is_cuda
         _same(host, device)
 
@@ -76,7 +66,7 @@ def test_sampled_walk_on_the_device_equals_the_host_walk() -> None:
         seeds = [trial * 100 + b for b in range(24)]
         host = accept_target_only(tree, logits, params,
                                   [torch.Generator().manual_seed(s) for s in seeds])
-        device = _target_only_torch(_unpack(tree, logits.cuda()), logits.cuda(), params,
+        device = _target_only_torch(tree.to("cuda"), logits.cuda(), params,
                                     [torch.Generator().manual_seed(s) for s in seeds], None, None)
         same = (host.emitted == device.emitted.cpu()).all(dim=1)
         agree, total = agree + int(same.sum()), total + 24
@@ -93,7 +83,7 @@ def test_sampled_device_walk_is_the_public_device_path() -> None:
     params = SamplingParamsBatch.from_lists([0.7] * 8, [0] * 8, [1.0] * 8, [0.0] * 8)
     gens = [torch.Generator().manual_seed(s) for s in range(8)]
     out = accept_target_only(tree, logits, params, gens)
-    ref = _target_only_torch(_unpack(tree, logits), logits, params,
+    ref = _target_only_torch(tree.to(logits.device), logits, params,
                              [torch.Generator().manual_seed(s) for s in range(8)], None, None)
     _same(out, ref)
     assert int(out.num_emitted.min()) >= 1

@@ -9,8 +9,8 @@ import torch
 
 from support.greedy_reference import accept_greedy
 from support.verify_cases import biased_logits, greedy_reference, random_tree_batch
+from vllm_treespec.tree import TreeBatch
 from vllm_treespec.verify import SamplingParamsBatch, accept, greedy_walk
-from vllm_treespec.verify.tree_input import unpack_tree
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -19,20 +19,19 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def _host_walk(tree, logits, max_depth=None):
     """verify.greedy_walk with accept_greedy's width (deepest node + 1, or max_depth + 1)."""
     width = accept_greedy(tree, logits, max_depth).emitted.shape[1]
-    offsets, tokens, parents, _ = unpack_tree(tree, logits.device)
-    return greedy_walk(offsets, tokens, parents, logits, width)
+    return greedy_walk(tree, logits, width)
 
 
 GREEDY_RULES = {"walk": _host_walk, "reference": accept_greedy}
 
 
 def _check_against_reference(tree, logits, res):
-    offsets = tree["offsets"].tolist()
+    offsets = tree.offsets.tolist()
     width = res.emitted.shape[1]
     for b in range(len(offsets) - 1):
         lo, hi = offsets[b], offsets[b + 1]
-        toks = tree["tokens"][lo:hi].tolist()
-        pars = tree["parents"][lo:hi].tolist()
+        toks = tree.tokens[lo:hi].tolist()
+        pars = tree.parents[lo:hi].tolist()
         emitted, path = greedy_reference(toks, pars, logits[lo:hi])
         n = len(emitted)
         assert res.num_emitted[b] == n
@@ -82,7 +81,7 @@ def test_temperature_zero_requests_are_greedy_in_stochastic_modes(mode):
 @pytest.mark.parametrize("rule", list(GREEDY_RULES))
 def test_greedy_ties_take_first_index_and_low_precision_logits(rule):
     # Root row ties between tokens 3 and 1: argmax picks 1 (first index), which is a child.
-    tree = (torch.tensor([0, 3]), torch.tensor([0, 3, 1]), torch.tensor([-1, 0, 0]))
+    tree = TreeBatch.from_arrays([0, 3], [0, 3, 1], [-1, 0, 0])
     logits = torch.zeros(3, 6, dtype=torch.bfloat16)
     logits[0, 3] = logits[0, 1] = 2.0
     logits[2, 4] = 1.0
@@ -93,11 +92,7 @@ def test_greedy_ties_take_first_index_and_low_precision_logits(rule):
 
 @pytest.mark.parametrize("rule", list(GREEDY_RULES))
 def test_root_only_requests_emit_one_bonus_token_and_padding(rule):
-    tree = {
-        "offsets": torch.tensor([0, 1, 4, 5]),
-        "tokens": torch.tensor([9, 9, 2, 3, 9]),
-        "parents": torch.tensor([-1, -1, 0, 1, -1]),
-    }
+    tree = TreeBatch.from_arrays([0, 1, 4, 5], [9, 9, 2, 3, 9], [-1, -1, 0, 1, -1])
     logits = torch.full((5, 6), -1.0)
     logits[0, 5] = 1.0  # request 0: bonus 5
     logits[1, 2] = logits[2, 3] = logits[3, 0] = 1.0  # request 1: path 2, 3 then bonus 0
@@ -112,6 +107,6 @@ def test_root_only_requests_emit_one_bonus_token_and_padding(rule):
 
 def test_greedy_is_not_a_mode_of_accept():
     """accept() holds the sampled rules only; the greedy rule is the greedy walk."""
-    tree = (torch.tensor([0, 1]), torch.tensor([3]), torch.tensor([-1]))
+    tree = TreeBatch.root_only([3])
     with pytest.raises(ValueError, match="greedy_walk"):
         accept(tree, torch.randn(1, 5), mode="greedy")

@@ -24,6 +24,7 @@ from support.verify_cases import (
     encode_rows,
     encode_sequence,
 )
+from vllm_treespec.tree import TreeBatch
 from vllm_treespec.verify import SamplingParamsBatch, accept, target_probs
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -67,13 +68,11 @@ FIXED_PARENTS = [-1, 0, 0, 0, 1, 1, 2, 4]
 V_FIXED = 7
 
 
-def _tile_tree(tokens, parents, copies: int) -> dict[str, torch.Tensor]:
+def _tile_tree(tokens, parents, copies: int) -> TreeBatch:
     n = len(tokens)
-    return {
-        "offsets": torch.arange(copies + 1, dtype=torch.int64) * n,
-        "tokens": torch.tensor(tokens, dtype=torch.int64).repeat(copies),
-        "parents": torch.tensor(parents, dtype=torch.int64).repeat(copies),
-    }
+    return TreeBatch.from_arrays(torch.arange(copies + 1, dtype=torch.int64) * n,
+                                 torch.tensor(tokens, dtype=torch.int64).repeat(copies),
+                                 torch.tensor(parents, dtype=torch.int64).repeat(copies))
 
 
 def _run_fixed_tree(mode: str, copies: int, seed: int, draft=None, replacement=None):
@@ -260,30 +259,27 @@ def _draft_trees(rng, model: PrefixModel, length, value, fanout, replacement, to
     made = np.concatenate([np.full((n, 1), k1), np.full((n, k1), k2), np.zeros((n, k1 * k2), np.int64)],
                           axis=1)
     counts = valid.sum(axis=1)
-    tree = {
-        "offsets": torch.tensor(np.concatenate([[0], np.cumsum(counts)]), dtype=torch.int64),
-        "tokens": torch.tensor(tokens[valid]),
-        "parents": torch.tensor(parents[valid]),
-    }
+    tree = TreeBatch.from_arrays(np.concatenate([[0], np.cumsum(counts)]), tokens[valid],
+                                 parents[valid])
     return tree, rows[valid], torch.tensor(draws[valid]), torch.tensor(made[valid])
 
 
 def _cut_prefix(tree, rows, draws, made, keep: int):
     """Each tree cut to its first `keep` nodes (breadth-first: a prefix of every node's
     children), num_draws and node_draws left as they were before the cut."""
-    offsets = tree["offsets"]
+    offsets = tree.offsets
     sizes = (offsets[1:] - offsets[:-1]).clamp(max=keep)
     local = torch.arange(int(offsets[-1])) - torch.repeat_interleave(offsets[:-1], offsets[1:] - offsets[:-1])
     kept = local < keep
-    cut = {"offsets": torch.cat([torch.zeros(1, dtype=torch.int64), sizes.cumsum(0)]),
-           "tokens": tree["tokens"][kept], "parents": tree["parents"][kept]}
+    cut = TreeBatch.from_arrays(torch.cat([torch.zeros(1, dtype=torch.int64), sizes.cumsum(0)]),
+                                tree.tokens[kept], tree.parents[kept])
     return cut, rows[kept.numpy()], draws[kept], made[kept]
 
 
 def _claimed(tree, num_draws: torch.Tensor | None) -> torch.Tensor:
     """node_draws as a caller would report it from the tree it passes: the sum of each node's
     children's num_draws (what the cut or merge left), whatever the node really drew."""
-    offsets, parents = tree["offsets"], tree["parents"]
+    offsets, parents = tree.offsets, tree.parents
     base = torch.repeat_interleave(offsets[:-1], offsets[1:] - offsets[:-1])
     per = torch.ones_like(parents) if num_draws is None else num_draws
     out = torch.zeros_like(parents)

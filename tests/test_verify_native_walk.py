@@ -10,7 +10,8 @@ import torch
 
 from support.verify_cases import distinct_sibling_trees
 from vllm_treespec.verify import SamplingParamsBatch, accept_target_only
-from vllm_treespec.verify.accept import _target_only_torch, _unpack
+from vllm_treespec.tree import TreeBatch
+from vllm_treespec.verify.accept import _target_only_torch
 from vllm_treespec.verify.rules import draw_target_tokens, draw_target_tokens_torch
 from vllm_treespec.verify.sampling_params import process_logits
 
@@ -89,19 +90,19 @@ def test_walk_matches_the_torch_walk() -> None:
     agree = 0
     for trial in range(30):
         tree = _random_trees(rng, 24)
-        t = tree[1].numel()
+        t = tree.tokens.numel()
         # peaked rows, so walks go deep: the drafted child is often the likely token
         logits = torch.from_numpy(rng.normal(0, 1, (t, VOCAB)).astype(np.float32))
-        parents = tree[2]
+        parents = tree.parents
         for child in range(t):
             if int(parents[child]) >= 0:
-                start = int(tree[0][tree[0] <= child][-1])
-                logits[start + int(parents[child]), tree[1][child]] += 4.0
+                start = int(tree.offsets[tree.offsets <= child][-1])
+                logits[start + int(parents[child]), tree.tokens[child]] += 4.0
         params = _params(24, rng)
         seeds = [trial * 100 + b for b in range(24)]
         native = accept_target_only(tree, logits, params,
                                     [torch.Generator().manual_seed(s) for s in seeds])
-        reference = _target_only_torch(_unpack(tree, logits), logits.clone(), params,
+        reference = _target_only_torch(tree, logits.clone(), params,
                                        [torch.Generator().manual_seed(s) for s in seeds], None,
                                        None)
         same = (native.emitted == reference.emitted).all(dim=1)
@@ -119,17 +120,16 @@ def test_root_only_steps_draw_what_the_walk_draws() -> None:
     rng = np.random.default_rng(3)
     logits = torch.from_numpy(rng.normal(0, 2, (4, VOCAB)).astype(np.float32))
     params = SamplingParamsBatch.from_lists([0.7, 1.0, 0.0, 0.9], [0, 5, 0, 0], [1.0, 1.0, 1.0, 0.8])
-    roots = (torch.arange(5), torch.zeros(4, dtype=torch.int64), torch.full((4,), -1))
+    roots = TreeBatch.root_only(torch.zeros(4, dtype=torch.int64))
     alone = accept_target_only(roots, logits, params,
                                [torch.Generator().manual_seed(s) for s in range(4)], max_depth=2)
-    mixed_tree = (torch.tensor([0, 1, 2, 3, 6]), torch.tensor([0, 0, 0, 0, 5, 6]),
-                  torch.tensor([-1, -1, -1, -1, 0, 0]))
+    mixed_tree = TreeBatch.from_arrays([0, 1, 2, 3, 6], [0, 0, 0, 0, 5, 6], [-1, -1, -1, -1, 0, 0])
     mixed_logits = torch.cat([logits, torch.zeros(2, VOCAB)])
     mixed = accept_target_only(mixed_tree, mixed_logits, params,
                                [torch.Generator().manual_seed(s) for s in range(4)], max_depth=2)
     assert torch.equal(alone.emitted[:3, 0], mixed.emitted[:3, 0])
     assert torch.equal(alone.emitted[:, 0], _target_only_torch(
-        _unpack(roots, logits), logits.clone(), params,
+        roots, logits.clone(), params,
         [torch.Generator().manual_seed(s) for s in range(4)], 2, None).emitted[:, 0])
 
 
@@ -145,11 +145,11 @@ def test_root_only_steps_draw_what_the_walk_draws() -> None:
 def test_bad_trees_are_named_as_before(tree: tuple, message: str) -> None:
     logits = torch.zeros(tree[1].numel(), VOCAB)
     with pytest.raises(ValueError, match=message):
-        accept_target_only(tree, logits, SamplingParamsBatch.from_lists([0.7]))
+        accept_target_only(TreeBatch.from_arrays(*tree), logits, SamplingParamsBatch.from_lists([0.7]))
 
 
 def test_bad_parameters_and_max_depth_are_named() -> None:
-    tree = (torch.tensor([0, 2]), torch.tensor([0, 5]), torch.tensor([-1, 0]))
+    tree = TreeBatch.from_arrays([0, 2], [0, 5], [-1, 0])
     logits = torch.zeros(2, VOCAB)
     with pytest.raises(ValueError, match="sampling.top_p"):
         accept_target_only(tree, logits, SamplingParamsBatch.from_lists([0.7], top_p=[1.5]))

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from vllm_treespec.tree import TreeBatch
 from vllm_treespec.verify.accept import MODES, accept
 from vllm_treespec.verify.greedy import greedy_walk
 from vllm_treespec.verify.result import AcceptResult
@@ -27,7 +28,7 @@ RULES: tuple[str, ...] = ("greedy", *MODES)
 
 def synthetic_batch(
     batch_size: int, nodes: int, vocab: int, seed: int = 0
-) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+) -> tuple[TreeBatch, torch.Tensor, torch.Tensor]:
     """(tree, logits [T, V], draft_probs [T, V]) with distinct sibling tokens."""
     g = torch.Generator().manual_seed(seed)
     local = torch.arange(nodes)
@@ -42,11 +43,8 @@ def synthetic_batch(
     flat_parent = (parents + (torch.arange(batch_size) * nodes).unsqueeze(1))[is_draft]
     logits[flat_parent, tokens[is_draft]] += 6.0
     draft = torch.softmax(logits + torch.randn(rows, vocab, generator=g), dim=-1)
-    tree = {
-        "offsets": torch.arange(batch_size + 1) * nodes,
-        "tokens": tokens.reshape(-1),
-        "parents": parents.reshape(-1),
-    }
+    tree = TreeBatch.from_arrays(torch.arange(batch_size + 1) * nodes, tokens.reshape(-1),
+                                 parents.reshape(-1))
     return tree, logits, draft
 
 
@@ -116,12 +114,12 @@ def _measure(batch_sizes, nodes, vocab, modes, repeats, seed, sampling_args) -> 
     return out
 
 
-def _rule(mode: str, tree: dict[str, torch.Tensor], logits: torch.Tensor, draft: torch.Tensor,
+def _rule(mode: str, tree: TreeBatch, logits: torch.Tensor, draft: torch.Tensor,
           sampling: SamplingParamsBatch, gen: torch.Generator) -> Callable[[], AcceptResult]:
     """One call of the rule named mode on this batch (the greedy walk takes its full depth)."""
     if mode == "greedy":
-        width = int(tree["offsets"][1] - tree["offsets"][0])
-        return lambda: greedy_walk(tree["offsets"], tree["tokens"], tree["parents"], logits, width)
+        width = int(tree.offsets[1] - tree.offsets[0])
+        return lambda: greedy_walk(tree, logits, width)
     kwargs: dict = dict(mode=mode, sampling=sampling, generators=gen)
     if mode == "rrs":
         kwargs.update(draft_probs=draft, replacement=False)

@@ -20,7 +20,7 @@ struct ChildLists {
 // vocab > 0 it also checks draft tokens are in [0, vocab) and sibling tokens are distinct; with
 // depth != nullptr that depth agrees with the parents. Throws std::invalid_argument naming
 // `who` (the walk) and the first bad row; callers that need the long form of the message run
-// the Python validation (verify/tree_input.py:build_layout) on failure.
+// the Python validation (tree/batch.py: TreeBatch.check) on failure.
 inline ChildLists check_tree_batch(const char* who, const int64_t* off, int64_t b,
                                    const int64_t* par, const int64_t* tok, int64_t t,
                                    int64_t vocab = 0, const int64_t* depth = nullptr) {

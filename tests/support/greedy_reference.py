@@ -7,20 +7,18 @@ child of the node carries x, descend into it, else stop: x is the bonus token.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from vllm_treespec.tree import TreeBatch
 from vllm_treespec.verify.result import AcceptResult
-from vllm_treespec.verify.tree_input import build_layout, unpack_tree
 
 
-def accept_greedy(tree: Any, logits: torch.Tensor, max_depth: int | None = None) -> AcceptResult:
-    """Greedy acceptance of a flat tree batch (any form verify/tree_input.py reads, validated
-    the same way); outputs have max_depth + 1 columns (default: the deepest node + 1)."""
+def accept_greedy(tree: TreeBatch, logits: torch.Tensor, max_depth: int | None = None) -> AcceptResult:
+    """Greedy acceptance of a tree batch (validated by `TreeBatch.check`, as the walks' callers
+    are); outputs have max_depth + 1 columns (default: the deepest node + 1)."""
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
         raise ValueError("logits must be a 2-D tensor [T, V]")
-    layout = build_layout(unpack_tree(tree, logits.device), logits.shape[1], logits.device)
+    layout = tree.to(logits.device).check(logits.shape[1])
     if logits.shape[0] != layout.num_rows:
         raise ValueError(f"logits has {logits.shape[0]} rows but the tree batch has "
                          f"{layout.num_rows} nodes")
@@ -28,7 +26,7 @@ def accept_greedy(tree: Any, logits: torch.Tensor, max_depth: int | None = None)
         raise ValueError(f"max_depth={max_depth} is smaller than the deepest node "
                          f"({layout.max_depth})")
     width = (layout.max_depth if max_depth is None else max_depth) + 1
-    b = layout.num_requests
+    b = layout.batch_size
     target = logits.to(torch.float32).argmax(dim=-1).tolist()
     tokens, children = layout.tokens.tolist(), layout.children.tolist()
     offsets = layout.offsets.tolist()

@@ -11,10 +11,12 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
+from vllm_treespec.tree import TreeBatch
+
 
 def distinct_sibling_trees(rng: np.random.Generator, num_requests: int, vocab: int,
-                           max_size: int = 11) -> tuple[torch.Tensor, ...]:
-    """(offsets, tokens, parents) int64 of random trees of 1..max_size nodes whose siblings carry
+                           max_size: int = 11) -> TreeBatch:
+    """A TreeBatch of random trees of 1..max_size nodes whose siblings carry
     distinct tokens (what a drafter proposes), root token 0."""
     offsets, tokens, parents = [0], [], []
     for _ in range(num_requests):
@@ -28,7 +30,7 @@ def distinct_sibling_trees(rng: np.random.Generator, num_requests: int, vocab: i
             tokens.append(int(rng.choice([t for t in range(vocab) if t not in siblings])))
             parents.append(parent)
         offsets.append(offsets[-1] + size)
-    return tuple(torch.tensor(x, dtype=torch.int64) for x in (offsets, tokens, parents))
+    return TreeBatch.from_arrays(offsets, tokens, parents)
 
 
 def random_tree_batch(
@@ -36,7 +38,7 @@ def random_tree_batch(
     sizes: Sequence[int],
     vocab: int,
     max_children: int | None = None,
-) -> dict[str, torch.Tensor]:
+) -> TreeBatch:
     """Random flat tree batch: request b has ``sizes[b]`` rows, parents drawn among earlier nodes,
     distinct sibling tokens (needs vocab >= the widest fan-out)."""
     tokens: list[int] = []
@@ -59,19 +61,15 @@ def random_tree_batch(
             tokens.append(tok)
             parents.append(par)
         offsets.append(offsets[-1] + n)
-    return {
-        "offsets": torch.tensor(offsets, dtype=torch.int64),
-        "tokens": torch.tensor(tokens, dtype=torch.int64),
-        "parents": torch.tensor(parents, dtype=torch.int64),
-    }
+    return TreeBatch.from_arrays(offsets, tokens, parents)
 
 
-def biased_logits(rng: np.random.Generator, tree: Mapping[str, torch.Tensor], vocab: int,
+def biased_logits(rng: np.random.Generator, tree: TreeBatch, vocab: int,
                   follow: float, boost: float) -> torch.Tensor:
     """float32 [nodes, vocab] standard-normal logits of a `random_tree_batch` tree where, with
     probability `follow`, a node's row gets `boost` added at one of its children's tokens, so
     greedy paths get long."""
-    tokens, parents, offsets = (tree[k].tolist() for k in ("tokens", "parents", "offsets"))
+    tokens, parents, offsets = (getattr(tree, k).tolist() for k in ("tokens", "parents", "offsets"))
     logits = torch.from_numpy(rng.standard_normal((len(tokens), vocab)).astype(np.float32))
     for b in range(len(offsets) - 1):
         lo, hi = offsets[b], offsets[b + 1]

@@ -76,7 +76,7 @@ def compact_on_device(kv: DeviceKV, slot_mapping: torch.Tensor, offsets: torch.T
     """Move every tree's accepted node i_j to the slot of node j, in every layer, in place.
 
     slot_mapping: int [T] slot of every tree node row (TreeStep.slot_mapping, on the caches'
-    device); offsets: int64 [R+1] the step's tree offsets (host); accepted_nodes: int [R, W]
+    device); offsets: int64 [R+1] the step's tree offsets (host or device); accepted_nodes: int [R, W]
     local accepted nodes without the root, -1 padded, on the device. No host sync."""
     from vllm_treespec.kernels.kv_compaction import compact_kv
     from vllm_treespec.verify.slot_moves import slot_moves

@@ -16,6 +16,7 @@ from vllm_treespec.engine.request_table import RequestTable
 from vllm_treespec.engine.runner_state import (batch_req_ids, batch_wants_logprobs, discarded_rows,
                                                request_sampling, runner_device)
 from vllm_treespec.engine.tree_verifier import SAMPLING_EPS, acceptance_generators
+from vllm_treespec.tree.batch import TreeBatch
 from vllm_treespec.verify import accept_trees
 
 __all__ = ["sample_plain_step"]
@@ -48,8 +49,7 @@ def sample_plain_step(runner: Any, logits: Any, vllm_sample: Callable[[], Any], 
     # root-only trees straight into the acceptance entry a tree step's verification uses (same
     # rule, same coin block per request): no step plan, no attention plan, no re-layout
     n = len(rows)
-    roots = (torch.arange(n + 1), torch.zeros(n, dtype=torch.int64),
-             torch.full((n,), -1, dtype=torch.int64), torch.zeros(n, dtype=torch.int64))
+    roots = TreeBatch.root_only(torch.zeros(n, dtype=torch.int64))
     result = accept_trees(roots, own_logits, sub, gens, 1, coin_rows=coin_rows)
     if out is None:
         return SamplerOutput(sampled_token_ids=result.emitted.to(device=logits.device,

@@ -19,7 +19,6 @@ scheduled decodes with -1 "drafts" for uniform batches) are left to vLLM's rejec
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Mapping, Sequence
@@ -28,33 +27,11 @@ import numpy as np
 import torch
 
 from vllm_treespec.tree import DraftTree
-from vllm_treespec.tree.ancestors import ancestor_words, local_index
+from vllm_treespec.tree.ancestors import local_index
+from vllm_treespec.tree.batch import TreeBatch
 
-__all__ = ["AttentionPlan", "FlatTrees", "TreeStep", "plan_tree_step", "current_step",
+__all__ = ["AttentionPlan", "TreeStep", "plan_tree_step", "current_step",
            "set_current_step"]
-
-
-@dataclass
-class FlatTrees:
-    """The step's trees in the flat layout of vllm_treespec.tree.batch (without masks)."""
-    offsets: torch.Tensor       # int64 [R+1]
-    tokens: torch.Tensor        # int64 [T]
-    parents: torch.Tensor       # int64 [T] local, -1 at roots
-    depth: torch.Tensor         # int64 [T]
-
-    @classmethod
-    def concat(cls, trees: Sequence[DraftTree]) -> "FlatTrees":
-        if not trees:
-            z = torch.zeros(0, dtype=torch.int64)
-            return cls(torch.zeros(1, dtype=torch.int64), z, z.clone(), z.clone())
-        sizes = [t.num_nodes for t in trees]
-        offsets = torch.from_numpy(np.array([0, *itertools.accumulate(sizes)], dtype=np.int64))
-        if len(trees) == 1:     # the common one-request step: no concatenation copies
-            t = trees[0]
-            return cls(offsets, *(torch.from_numpy(a.astype(np.int64, copy=False))
-                                  for a in (t.tokens, t.parents, t.depth)))
-        cat = lambda name: torch.from_numpy(np.concatenate([getattr(t, name) for t in trees]).astype(np.int64, copy=False))
-        return cls(offsets, cat("tokens"), cat("parents"), cat("depth"))
 
 
 @dataclass
@@ -97,7 +74,8 @@ class TreeStep:
     num_reqs: int
     req_indices: np.ndarray      # int64 [R] batch rows
     req_ids: list[str]
-    trees: FlatTrees             # the R trees (cut to what was scheduled), flat
+    trees: TreeBatch             # the R trees (cut to what was scheduled): the step's one tree
+                                 # batch, read unchanged by attention, acceptance, compaction
     tree_sizes: np.ndarray       # int64 [R] nodes of each tree (root included)
     num_draft: np.ndarray        # int64 [num_reqs] scheduled drafts per batch request (0 = none)
     query_start_loc: np.ndarray  # int64 [num_reqs + 1] flat row of each request's first token
@@ -211,7 +189,7 @@ def plan_tree_step(batch_req_ids: Sequence[str], num_scheduled: np.ndarray,
         req_idx.append(i)
         cut.append(tree)
     idx = np.asarray(req_idx, dtype=np.int64)
-    batch = FlatTrees.concat(cut)
+    batch = TreeBatch.from_trees(cut)
     offsets = batch.offsets.numpy()
     step = TreeStep(
         num_scheduled_tokens=int(query_start_loc[num_reqs]), num_reqs=num_reqs,
@@ -245,20 +223,16 @@ def _attention_plan(step: TreeStep) -> AttentionPlan | None:
     sizes = step.tree_sizes
     owner = np.repeat(np.arange(sizes.size), sizes)
     branchy = np.unique(owner[wrong])
-    # masks of the wrong rows are built from their ancestors': all nodes of those trees
+    # masks of the wrong rows come with the rest of their trees' (the step batch's words)
     nodes = np.isin(owner, branchy)
-    sub_sizes = sizes[branchy]
-    sub_offsets = np.zeros(branchy.size + 1, dtype=np.int64)
-    np.cumsum(sub_sizes, out=sub_offsets[1:])
-    anc = ancestor_words(sub_offsets, batch.parents.numpy()[nodes], depth[nodes]).view(np.int64)
-    keep = wrong[nodes]
+    anc = batch.anc_mask.numpy()[nodes]
     row_offsets = np.zeros(branchy.size + 1, dtype=np.int64)
     np.cumsum(np.bincount(owner[wrong], minlength=sizes.size)[branchy], out=row_offsets[1:])
     return AttentionPlan(
         req_indices=torch.from_numpy(step.req_indices[branchy]),
         rows=step.node_rows[torch.from_numpy(wrong)],
         offsets=torch.from_numpy(row_offsets), prefix_lens=torch.from_numpy(step.num_computed[branchy]),
-        tree_sizes=torch.from_numpy(sub_sizes), anc_mask=torch.from_numpy(anc[keep]),
+        tree_sizes=torch.from_numpy(sizes[branchy]), anc_mask=torch.from_numpy(anc[wrong[nodes]]),
         tree_rows=step.node_rows[torch.from_numpy(nodes)], tree_anc_mask=torch.from_numpy(anc))
 
 

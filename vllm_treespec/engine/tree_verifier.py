@@ -10,7 +10,8 @@ Called by the `_sample` patch every step. Two modes:
 Output is vLLM's layout: int64 [num_reqs, max_num_draft + 1], accepted tokens then the bonus
 token, padded with -1, so the scheduler's rollback and `parse_output` work unchanged.
 
-One pass down: this module lays the step's trees out (`_layout`), verify decides the accepted
+One pass down: this module hands the step's tree batch (with root-only trees for requests
+verified without drafts, `_verified_batch`) to verify, which decides the accepted
 paths and tokens in one call (`verify.accept_trees`), then the accepted path's K/V are moved to
 the slots a chain would have used (verify/kv_compaction.py explains why moving is all that is
 needed; verify/slot_moves.py says which node goes where), in every layer, before the next step
@@ -45,6 +46,7 @@ import torch
 
 from vllm_treespec.engine.tree_step import TreeStep
 from vllm_treespec.tree.ancestors import local_index
+from vllm_treespec.tree.batch import TreeBatch
 from vllm_treespec.verify import SAMPLING_EPS, accept_trees
 from vllm_treespec.verify.kv_compaction import compact_kv
 from vllm_treespec.verify.slot_moves import count_moves as count_node_moves
@@ -91,45 +93,24 @@ def acceptance_generators(table: dict[str, torch.Generator], req_ids: Sequence[s
     return gens
 
 
-def _layout(step: TreeStep, include: np.ndarray | None) -> tuple[Any, ...]:
-    """(offsets, tokens, parents, depth, logit_rows, q_rows) of the batch requests accept_trees
-    verifies: their trees, or root-only trees for requests without drafts. include: sorted batch
-    rows; None = every request (then logit_rows is None: all logits rows, in order, no gather
-    copy)."""
-    t = step.trees
+def _verified_batch(step: TreeStep, include: np.ndarray | None
+                    ) -> tuple[TreeBatch, torch.Tensor | None, np.ndarray | None]:
+    """(trees, logit_rows, q_rows) of the batch requests accept_trees verifies: the step's tree
+    batch itself when every request drafted (the usual decode step), else its trees with
+    root-only trees for requests without drafts (`TreeBatch.gather`). include: sorted batch
+    rows; None = every request (then logit_rows is None: all logits rows, in order)."""
     if include is None and step.num_trees == step.num_reqs:
-        # every request drafted (the usual decode step): the step's trees are the layout
-        # (plan_tree_step lists them in batch order)
-        return t.offsets, t.tokens, t.parents, t.depth, None, step.q_rows
+        return step.trees, None, step.q_rows     # plan_tree_step lists them in batch order
     idx = np.arange(step.num_reqs) if include is None else include
-    tree_of = step.tree_of_req[idx]
-    tree_sizes = (t.offsets[1:] - t.offsets[:-1]).numpy()
-    has_tree = tree_of >= 0
-    sizes = np.ones(idx.size, dtype=np.int64)
-    sizes[has_tree] = tree_sizes[tree_of[has_tree]]
-    offsets = np.zeros(idx.size + 1, dtype=np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    total = int(offsets[-1])
-    tokens = np.zeros(total, dtype=np.int64)
-    parents = np.full(total, -1, dtype=np.int64)
-    depth = np.zeros(total, dtype=np.int64)
-    q_rows = np.full(total, -1, dtype=np.int64) if step.q_rows is not None else None
-    if has_tree.any():
-        k = np.nonzero(has_tree)[0]
-        n = sizes[k]
-        local = local_index(n)
-        dst = np.repeat(offsets[k], n) + local
-        src = np.repeat(t.offsets[:-1].numpy()[tree_of[k]], n) + local
-        tokens[dst] = t.tokens.numpy()[src]
-        parents[dst] = t.parents.numpy()[src]
-        depth[dst] = t.depth.numpy()[src]
-        if q_rows is not None:
-            q_rows[dst] = step.q_rows[src]
+    batch, src = step.trees.gather(step.tree_of_req[idx])
+    q_rows = None
+    if step.q_rows is not None:
+        q_rows = np.where(src >= 0, step.q_rows[np.maximum(src, 0)], -1)
     logit_rows = None
     if include is not None:
+        sizes = batch.sizes.numpy()
         logit_rows = torch.from_numpy(np.repeat(step.first_logit[idx], sizes) + local_index(sizes))
-    f = torch.from_numpy
-    return f(offsets), f(tokens), f(parents), f(depth), logit_rows, q_rows
+    return batch, logit_rows, q_rows
 
 
 def verify_step(step: TreeStep, logits: torch.Tensor, params: Sequence[Any],
@@ -143,13 +124,13 @@ def verify_step(step: TreeStep, logits: torch.Tensor, params: Sequence[Any],
     request (see verify/coins.py). The mode ("rrs" as soon as one node has a q row) does not
     change any request's coins or the tokens of nodes without q rows (verify/coins.py).
     """
-    offsets, tokens, parents, depth, logit_rows, q_rows = _layout(step, include)
+    batch, logit_rows, q_rows = _verified_batch(step, include)
     node_logits = logits if logit_rows is None else logits[logit_rows]
-    if node_logits.shape[0] != int(offsets[-1]):
+    if node_logits.shape[0] != batch.num_rows:
         raise RuntimeError(f"tree verification: {node_logits.shape[0]} logits rows for "
-                           f"{int(offsets[-1])} tree nodes; the step plan does not match vLLM's batch")
+                           f"{batch.num_rows} tree nodes; the step plan does not match vLLM's batch")
     width = step.max_num_draft + 1
-    result = accept_trees((offsets, tokens, parents, depth), node_logits, params, generators,
+    result = accept_trees(batch, node_logits, params, generators,
                           width, q_probs=step.q_probs, q_rows=q_rows, coin_rows=coin_rows)
     if base is None:
         return result.emitted, result
@@ -191,7 +172,7 @@ def compact_device(step: TreeStep, accepted_nodes: torch.Tensor, kv: Any) -> Non
     if step.slot_mapping is None:
         raise RuntimeError("KV compaction: the step has no slot mapping (its plan was "
                            "chain-shaped), so no accepted path can leave its first chain")
-    compact_on_device(kv, step.slot_mapping, step.trees.offsets, accepted_nodes)
+    compact_on_device(kv, step.slot_mapping, step.trees.to(accepted_nodes.device).offsets, accepted_nodes)
 
 
 def compact(step: TreeStep, accepted_nodes: torch.Tensor | np.ndarray, kv_caches: Sequence[torch.Tensor],

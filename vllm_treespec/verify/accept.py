@@ -66,7 +66,7 @@ from vllm_treespec.verify.sampling_params import (
     greedy_tokens,
     process_logits,
 )
-from vllm_treespec.verify.tree_input import TreeLayout, build_layout, unpack_tree
+from vllm_treespec.tree.batch import TreeBatch
 
 Mode = Literal["target_only", "rrs"]
 MODES: tuple[str, ...] = ("target_only", "rrs")
@@ -100,20 +100,13 @@ def _coins(offsets: torch.Tensor, request_of_row: torch.Tensor, generators: Gene
     return None
 
 
-def _root_only_offsets(fields: tuple[torch.Tensor, ...], device: torch.device) -> torch.Tensor | None:
-    """The offsets of a valid batch of root-only trees (no drafts anywhere: every request owns
-    one row, its root), else None (build_layout then validates and reports any error). `fields`:
-    unpack_tree's (offsets, tokens, parents, depth)."""
-    offsets, tokens, parents, depth = fields
-    num_requests = offsets.numel() - 1
-    if num_requests < 1 or tokens.numel() != num_requests or parents.numel() != num_requests:
-        return None
-    if not bool((offsets == torch.arange(num_requests + 1, device=device)).all()):
-        return None
-    if bool((parents != -1).any()) or (depth is not None and (depth.numel() != num_requests
-                                                              or bool((depth != 0).any()))):
-        return None
-    return offsets
+def _is_root_only(batch: TreeBatch) -> bool:
+    """A valid batch of root-only trees (no drafts anywhere: every request owns one row, its
+    root). A batch that only looks so is left to `TreeBatch.check`, which names the problem."""
+    n = batch.batch_size
+    return (n >= 1 and batch.num_rows == n
+            and bool((batch.offsets == torch.arange(n + 1, device=batch.device)).all())
+            and bool((batch.parents == -1).all()) and bool((batch.depth == 0).all()))
 
 
 def _accept_roots(offsets: torch.Tensor, logits: torch.Tensor,
@@ -152,32 +145,35 @@ def _accept_roots(offsets: torch.Tensor, logits: torch.Tensor,
                         nodes, nodes.clone())
 
 
-def _unpack(tree: Any, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The tree's flat fields on the logits' device, after checking the logits."""
+def _on_logits_device(batch: TreeBatch, logits: torch.Tensor) -> TreeBatch:
+    """The batch on the logits' device (its twin there), after checking the logits."""
+    if not isinstance(batch, TreeBatch):
+        raise TypeError(f"acceptance takes a TreeBatch (vllm_treespec.tree.TreeBatch.from_trees or "
+                        f".from_arrays), got {type(batch).__name__}")
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
         raise ValueError("logits must be a 2-D tensor [T, V]")
     if not logits.dtype.is_floating_point:
         raise TypeError(f"logits must be floating point, got {logits.dtype}")
-    return unpack_tree(tree, logits.device)
+    return batch.to(logits.device)
 
 
-def _layout_for(fields: tuple[torch.Tensor, ...], logits: torch.Tensor,
-                max_depth: int | None) -> tuple[TreeLayout, int]:
-    """(layout, output width) with the logits rows and max_depth checked against the trees."""
-    layout = build_layout(fields, logits.shape[1], logits.device)
-    if logits.shape[0] != layout.num_rows:
+def _checked(batch: TreeBatch, logits: torch.Tensor, max_depth: int | None) -> int:
+    """The output width, after checking the batch's contract and the logits rows and max_depth
+    against it."""
+    batch.check(logits.shape[1])
+    if logits.shape[0] != batch.num_rows:
         raise ValueError(
-            f"logits has {logits.shape[0]} rows but the tree batch has {layout.num_rows} nodes; "
+            f"logits has {logits.shape[0]} rows but the tree batch has {batch.num_rows} nodes; "
             "pass the target logits at every node row"
         )
-    width = layout.max_depth + 1
+    width = batch.max_depth + 1
     if max_depth is not None:
-        if max_depth < layout.max_depth:
+        if max_depth < batch.max_depth:
             raise ValueError(
-                f"max_depth={max_depth} is smaller than the deepest node ({layout.max_depth})"
+                f"max_depth={max_depth} is smaller than the deepest node ({batch.max_depth})"
             )
         width = max_depth + 1
-    return layout, width
+    return width
 
 
 LOOKUP = -2   # a sampled pick whose child the walk finds by token match
@@ -186,21 +182,19 @@ LOOKUP = -2   # a sampled pick whose child the walk finds by token match
 SampledPick = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-def _greedy_requests(fields: tuple[torch.Tensor, ...], request_of_row: torch.Tensor,
-                     logits: torch.Tensor, width: int,
+def _greedy_requests(batch: TreeBatch, logits: torch.Tensor, width: int,
                      is_greedy: torch.Tensor) -> tuple[torch.Tensor, AcceptResult]:
     """(batch indices, result) of the greedy requests of a sampled batch, decided by the greedy
-    walk (greedy.py: C++ on the host, Triton on CUDA) over their own trees. fields: the batch's
-    (offsets, tokens, parents, ...)."""
-    offsets, tokens, parents = fields[:3]
+    walk (greedy.py: C++ on the host, Triton on CUDA) over their own trees."""
     reqs = is_greedy.nonzero().squeeze(1)
-    rows = is_greedy[request_of_row]
-    sub_offsets = torch.zeros(reqs.numel() + 1, dtype=torch.int64, device=logits.device)
-    torch.cumsum((offsets[1:] - offsets[:-1])[reqs], dim=0, out=sub_offsets[1:])
-    return reqs, greedy_walk(sub_offsets, tokens[rows], parents[rows], logits[rows], width)
+    rows = is_greedy[batch.request_of_row]
+    sub_offsets = torch.zeros(reqs.numel() + 1, dtype=torch.int64, device=batch.device)
+    torch.cumsum(batch.sizes[reqs], dim=0, out=sub_offsets[1:])
+    greedy = TreeBatch(sub_offsets, batch.tokens[rows], batch.parents[rows], batch.depth[rows])
+    return reqs, greedy_walk(greedy, logits[rows], width)
 
 
-def _walk(layout: TreeLayout, logits: torch.Tensor, width: int, is_greedy: torch.Tensor,
+def _walk(batch: TreeBatch, logits: torch.Tensor, width: int, is_greedy: torch.Tensor,
           params: SamplingParamsBatch, pick_sampled: SampledPick) -> AcceptResult:
     """The one downward walk the sampled rules share: level by level, each active request picks
     a token at its current node with the rule's `pick_sampled`, on target rows processed only
@@ -208,40 +202,39 @@ def _walk(layout: TreeLayout, logits: torch.Tensor, width: int, is_greedy: torch
     token; a request without such a child stops. Greedy requests (temperature < 1e-5) take the
     greedy walk instead (`_greedy_requests`); they draw no coins, so nothing else changes."""
     device = logits.device
-    num_requests = layout.num_requests
+    num_requests = batch.batch_size
     emitted = torch.full((num_requests, width), -1, dtype=torch.int64, device=device)
     nodes = torch.full((num_requests, width), -1, dtype=torch.int64, device=device)
     num_emitted = torch.zeros(num_requests, dtype=torch.int64, device=device)
     if bool(is_greedy.any()):
-        g, greedy = _greedy_requests((layout.offsets, layout.tokens, layout.parents),
-                                     layout.request_of_row, logits, width, is_greedy)
+        g, greedy = _greedy_requests(batch, logits, width, is_greedy)
         emitted[g], nodes[g], num_emitted[g] = (greedy.emitted, greedy.accepted_nodes,
                                                 greedy.num_emitted)
-    cur = layout.offsets[:-1].clone()
+    cur = batch.offsets[:-1].clone()
     active = (~is_greedy).nonzero().squeeze(1)
     for level in range(width):
         if active.numel() == 0:
             break
         rows = cur[active]
         probs = torch.softmax(
-            process_logits(logits[rows], params.rows(layout.request_of_row[rows]), inplace=True),
+            process_logits(logits[rows], params.rows(batch.request_of_row[rows]), inplace=True),
             dim=-1, dtype=torch.float32).to(torch.float64)
         picked, chosen = pick_sampled(rows, probs)
         lookup = chosen == LOOKUP
         if bool(lookup.any()):
             li = lookup.nonzero().squeeze(1)
-            chosen[li] = find_child(layout.children, layout.tokens, rows[li], picked[li])
+            chosen[li] = find_child(batch.children, batch.tokens, rows[li], picked[li])
         emitted[active, level] = picked
         num_emitted[active] += 1
         go = chosen >= 0
         movers, nxt = active[go], chosen[go]
-        nodes[movers, level] = nxt - layout.offsets[movers]
+        nodes[movers, level] = nxt - batch.offsets[movers]
         cur[movers] = nxt
         active = movers
-    return AcceptResult.from_paths(layout.offsets, emitted, num_emitted, nodes)
+    return AcceptResult.from_paths(batch.offsets, emitted, num_emitted, nodes)
 
 
-def accept_target_only(tree: Any, logits: torch.Tensor,
+def accept_target_only(batch: TreeBatch, logits: torch.Tensor,
                        sampling: SamplingParamsBatch | None = None,
                        generators: Generators = None, max_depth: int | None = None,
                        coin_rows: int | None = None) -> AcceptResult:
@@ -253,32 +246,31 @@ def accept_target_only(tree: Any, logits: torch.Tensor,
     request per call (coins.py). On the host one native walk (`_target_only_native`), on a
     device the torch walk (`_target_only_torch`); both draw with `rules.draw_target_tokens`'s
     rule from the same coins."""
-    fields = _unpack(tree, logits)
+    batch = _on_logits_device(batch, logits)
     walk = _target_only_native if logits.device.type == "cpu" else _target_only_torch
-    return walk(fields, logits, sampling, generators, max_depth, coin_rows)
+    return walk(batch, logits, sampling, generators, max_depth, coin_rows)
 
 
-def _target_only_torch(fields: tuple[torch.Tensor, ...], logits: torch.Tensor,
+def _target_only_torch(batch: TreeBatch, logits: torch.Tensor,
                        sampling: SamplingParamsBatch | None, generators: Generators,
                        max_depth: int | None, coin_rows: int | None) -> AcceptResult:
     """accept_target_only as the shared torch walk: for logits on a device, and the reference
     the native walk is tested against."""
-    roots = _root_only_offsets(fields, logits.device)
-    if roots is not None:
-        return _accept_roots(roots, logits, sampling, generators, max_depth, coin_rows)
-    layout, width = _layout_for(fields, logits, max_depth)
-    params, is_greedy = _request_params(sampling, layout.num_requests, logits.device)
-    coins = _coins(layout.offsets, layout.request_of_row, generators, is_greedy, coin_rows)
+    if _is_root_only(batch):
+        return _accept_roots(batch.offsets, logits, sampling, generators, max_depth, coin_rows)
+    width = _checked(batch, logits, max_depth)
+    params, is_greedy = _request_params(sampling, batch.batch_size, logits.device)
+    coins = _coins(batch.offsets, batch.request_of_row, generators, is_greedy, coin_rows)
 
     def pick(srows: torch.Tensor, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         assert coins is not None
         picked = sample_categorical(probs, coins[srows, DRAW_COIN])
         return picked, torch.full_like(picked, LOOKUP)
 
-    return _walk(layout, logits, width, is_greedy, params, pick)
+    return _walk(batch, logits, width, is_greedy, params, pick)
 
 
-def _target_only_native(fields: tuple[torch.Tensor, ...], logits: torch.Tensor,
+def _target_only_native(batch: TreeBatch, logits: torch.Tensor,
                         sampling: SamplingParamsBatch | None, generators: Generators,
                         max_depth: int | None, coin_rows: int | None) -> AcceptResult:
     """accept_target_only on the host: coins drawn as in every mode (coins.py), then one native
@@ -286,34 +278,33 @@ def _target_only_native(fields: tuple[torch.Tensor, ...], logits: torch.Tensor,
     the per-level torch ops (~0.9 ms a step at vocab 4096), and the greedy walk for the greedy
     ones. The native walk checks trees and parameters itself; when it refuses them, the torch
     checks run to name the problem in full."""
-    offsets, tokens, parents, depth = fields
-    num_requests = offsets.numel() - 1
+    offsets = batch.offsets
+    num_requests = batch.batch_size
     params = sampling if sampling is not None else SamplingParamsBatch.random(max(num_requests, 0))
     try:
         if max_depth is not None and max_depth < 0:       # the native walk reads -1 as "deepest"
             raise ValueError(f"max_depth={max_depth}")
-        request_of_row = torch.from_numpy(np.repeat(np.arange(num_requests),
-                                                    np.diff(offsets.numpy())))
+        request_of_row = batch.request_of_row
         logits_rows, temperature, top_k = native_row_inputs(logits, params, request_of_row)
         is_greedy = torch.from_numpy(temperature) < SAMPLING_EPS
         coins = _coins(offsets, request_of_row, generators, is_greedy, coin_rows)
         draw = coins[:, DRAW_COIN].contiguous().numpy() if coins is not None else np.zeros(0)
         emitted, nodes, count = native().target_only_tree_walk(
-            logits_rows, offsets.numpy(), tokens.numpy(), parents.numpy(),
-            np.zeros(0, dtype=np.int64) if depth is None else depth.numpy(), temperature, top_k,
+            logits_rows, offsets.numpy(), batch.tokens.numpy(), batch.parents.numpy(),
+            batch.depth.numpy(), temperature, top_k,
             draw, -1 if max_depth is None else max_depth)
     except (ValueError, TypeError, RuntimeError):
-        _layout_for(fields, logits, max_depth)               # the torch checks, in their order,
+        _checked(batch, logits, max_depth)                   # the torch checks, in their order,
         _request_params(sampling, num_requests, logits.device)   # name the problem in full
         raise
     emitted, nodes, count = (torch.from_numpy(x) for x in (emitted, nodes, count))
     if bool(is_greedy.any()):
-        g, greedy = _greedy_requests(fields, request_of_row, logits, emitted.shape[1], is_greedy)
+        g, greedy = _greedy_requests(batch, logits, emitted.shape[1], is_greedy)
         emitted[g], nodes[g], count[g] = greedy.emitted, greedy.accepted_nodes, greedy.num_emitted
     return AcceptResult.from_paths(offsets, emitted, count, nodes)
 
 
-def accept_rrs(tree: Any, logits: torch.Tensor, draft_probs: torch.Tensor, replacement: bool,
+def accept_rrs(batch: TreeBatch, logits: torch.Tensor, draft_probs: torch.Tensor, replacement: bool,
                sampling: SamplingParamsBatch | None = None, generators: Generators = None,
                draft_rows: torch.Tensor | None = None, num_draws: torch.Tensor | None = None,
                node_draws: torch.Tensor | None = None, max_depth: int | None = None,
@@ -332,18 +323,18 @@ def accept_rrs(tree: Any, logits: torch.Tensor, draft_probs: torch.Tensor, repla
             "mode='rrs' needs replacement=True (children drawn i.i.d. from q) or False "
             "(drawn without replacement); the rule that is lossless depends on it"
         )
-    fields = _unpack(tree, logits)
+    batch = _on_logits_device(batch, logits)
     device = logits.device
-    layout, width = _layout_for(fields, logits, max_depth)
-    params, is_greedy = _request_params(sampling, layout.num_requests, device)
-    q_all, q_index = check_draft_probs(draft_probs, draft_rows, layout, logits.shape[1], device,
+    width = _checked(batch, logits, max_depth)
+    params, is_greedy = _request_params(sampling, batch.batch_size, device)
+    q_all, q_index = check_draft_probs(draft_probs, draft_rows, batch, logits.shape[1], device,
                                        full=validate)
-    draws = check_num_draws(num_draws, replacement, layout, device)
+    draws = check_num_draws(num_draws, replacement, batch, device)
     if replacement:
-        check_node_draws(node_draws, draws, q_index, layout, device)
+        check_node_draws(node_draws, draws, q_index, batch, device)
     elif node_draws is not None:
         raise ValueError("node_draws is only used by mode='rrs' with replacement=True")
-    coins = _coins(layout.offsets, layout.request_of_row, generators, is_greedy, coin_rows)
+    coins = _coins(batch.offsets, batch.request_of_row, generators, is_greedy, coin_rows)
 
     def pick(srows: torch.Tensor, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         assert coins is not None
@@ -353,7 +344,7 @@ def accept_rrs(tree: Any, logits: torch.Tensor, draft_probs: torch.Tensor, repla
         t = (~has_q).nonzero().squeeze(1)
         if t.numel():           # no q row: the target-only rule, drawn as every walk draws it
             trows = srows[t]
-            picked[t] = draw_target_tokens(logits[trows], params.rows(layout.request_of_row[trows]),
+            picked[t] = draw_target_tokens(logits[trows], params.rows(batch.request_of_row[trows]),
                                            coins[trows, DRAW_COIN], probs=probs[t])
         r = has_q.nonzero().squeeze(1)
         if r.numel():
@@ -361,17 +352,17 @@ def accept_rrs(tree: Any, logits: torch.Tensor, draft_probs: torch.Tensor, repla
             rp = probs[r] if t.numel() else probs
             rp /= rp.sum(dim=1, keepdim=True)  # ratios need an exact distribution
             child, residual = recursive_rejection(
-                rp, q_all[q_index[rrows]].to(torch.float64), layout.children[rrows],
-                layout.tokens, coins[:, ACCEPT_COIN], replacement, draws)
+                rp, q_all[q_index[rrows]].to(torch.float64), batch.children[rrows],
+                batch.tokens, coins[:, ACCEPT_COIN], replacement, draws)
             correction = sample_categorical(residual, coins[rrows, DRAW_COIN])
-            picked[r] = torch.where(child >= 0, layout.tokens[child.clamp(min=0)], correction)
+            picked[r] = torch.where(child >= 0, batch.tokens[child.clamp(min=0)], correction)
             chosen[r] = child     # a correction ends the walk even if it equals a child
         return picked, chosen
 
-    return _walk(layout, logits, width, is_greedy, params, pick)
+    return _walk(batch, logits, width, is_greedy, params, pick)
 
 
-def accept(tree: Any, logits: torch.Tensor, mode: Mode = "target_only",
+def accept(batch: TreeBatch, logits: torch.Tensor, mode: Mode = "target_only",
            **options: Any) -> AcceptResult:
     """One of the sampled rules by name ("target_only", "rrs"; module docstring), with that
     rule's keyword options (`accept_target_only`, `accept_rrs`); an option the other rule owns
@@ -379,7 +370,7 @@ def accept(tree: Any, logits: torch.Tensor, mode: Mode = "target_only",
 
     Example::
 
-        tree = (torch.tensor([0, 3]), torch.tensor([7, 1, 2]), torch.tensor([-1, 0, 0]))
+        tree = TreeBatch.from_arrays([0, 3], [7, 1, 2], [-1, 0, 0])
         res = accept(tree, torch.randn(3, 8), mode="target_only",
                      sampling=SamplingParamsBatch.from_lists([0.8]),
                      generators=[torch.Generator().manual_seed(0)])
@@ -398,7 +389,7 @@ def accept(tree: Any, logits: torch.Tensor, mode: Mode = "target_only",
                              + (" with replacement=True" if set(misplaced) <= {"num_draws", "node_draws"}
                                 else ""))
         options = {k: v for k, v in options.items() if k not in rrs_only}
-        return accept_target_only(tree, logits, **options)
+        return accept_target_only(batch, logits, **options)
     options.setdefault("draft_probs", None)
     options.setdefault("replacement", None)
-    return accept_rrs(tree, logits, **options)
+    return accept_rrs(batch, logits, **options)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vllm_treespec.tree.batch import TreeBatch
 from vllm_treespec.verify.accept import accept_rrs, accept_target_only
 from vllm_treespec.verify.greedy import greedy_walk
 from vllm_treespec.verify.result import AcceptResult
@@ -24,27 +25,26 @@ from vllm_treespec.verify.sampling_params import SAMPLING_EPS, SamplingParamsBat
 __all__ = ["accept_trees"]
 
 
-def accept_trees(tree: tuple[torch.Tensor, ...], logits: torch.Tensor, params: Sequence[Any],
+def accept_trees(batch: TreeBatch, logits: torch.Tensor, params: Sequence[Any],
                  generators: Sequence[torch.Generator | None], width: int, *,
                  q_probs: torch.Tensor | None = None,
                  q_rows: np.ndarray | torch.Tensor | None = None,
                  coin_rows: int | None = None) -> AcceptResult:
     """Accepted paths and emitted tokens of a flat tree batch, ``width`` columns.
 
-    tree: (offsets [B+1], tokens [T], parents [T], depth [T]) int64 on the host; logits:
+    batch: the step's trees (tree/batch.py), on the host or the logits' device; logits:
     [T, V] at every node row; params: one per request with temperature / top_k / top_p / min_p
     (vLLM's SamplingParams); generators: one per request (None: torch's default stream);
     q_probs / q_rows: the drafter's q rows in compact form (q_rows[u] = u's row, -1 = none);
     coin_rows: fixed coin block per seeded request (coins.py).
     """
-    offsets, tokens, parents, _ = tree
     if all(float(p.temperature) < SAMPLING_EPS for p in params):
-        return greedy_walk(offsets, tokens, parents, logits, width)
+        return greedy_walk(batch, logits, width)
     common = dict(sampling=SamplingParamsBatch.from_params(params), generators=list(generators),
                   max_depth=width - 1, coin_rows=coin_rows)
     if q_rows is not None:
         draft_rows = torch.as_tensor(q_rows)
         if bool((draft_rows >= 0).any()):
-            return accept_rrs(tree, logits, q_probs, replacement=False, draft_rows=draft_rows,
+            return accept_rrs(batch, logits, q_probs, replacement=False, draft_rows=draft_rows,
                               **common)
-    return accept_target_only(tree, logits, **common)
+    return accept_target_only(batch, logits, **common)

@@ -18,50 +18,44 @@ from __future__ import annotations
 
 import torch
 
+from vllm_treespec.tree.batch import TreeBatch
 from vllm_treespec.verify.result import AcceptResult
 from vllm_treespec.verify.sampling_params import greedy_tokens
 
 __all__ = ["greedy_walk", "host_greedy_walk", "device_greedy_walk"]
 
 
-def greedy_walk(offsets: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
-                logits: torch.Tensor, width: int) -> AcceptResult:
-    """Greedy acceptance of a flat tree batch on the logits' device (CUDA: the Triton walk,
-    else the C++ walk). offsets int [B+1], tokens / parents int [T] (parents local, -1 at
-    roots), logits float [T, V] at every node row; width: output columns (paths are cut at
-    width tokens, normally the deepest node + 1)."""
+def greedy_walk(batch: TreeBatch, logits: torch.Tensor, width: int) -> AcceptResult:
+    """Greedy acceptance of a tree batch on the logits' device (CUDA: the Triton walk, else the
+    C++ walk, which validates the trees). logits float [T, V] at every node row; width: output
+    columns (paths are cut at width tokens, normally the deepest node + 1)."""
+    if not isinstance(batch, TreeBatch):
+        raise TypeError(f"greedy_walk takes a TreeBatch, got {type(batch).__name__}")
     walk = device_greedy_walk if logits.is_cuda else host_greedy_walk
-    return walk(offsets, tokens, parents, logits, width)
+    return walk(batch, logits, width)
 
 
-def host_greedy_walk(offsets: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
-                     logits: torch.Tensor, width: int) -> AcceptResult:
+def host_greedy_walk(batch: TreeBatch, logits: torch.Tensor, width: int) -> AcceptResult:
     """`greedy_walk` on the host: one argmax, then the C++ walk (which validates the trees)."""
     from vllm_treespec.native import native
 
-    def host(t: torch.Tensor):
-        return torch.as_tensor(t).to(device="cpu", dtype=torch.int64).numpy()
-
-    target = greedy_tokens(logits)
-    emitted, nodes, count = native().greedy_tree_walk(host(offsets), host(tokens), host(parents),
-                                                      host(target), width)
+    host = batch.to("cpu")
+    target = greedy_tokens(logits).to(device="cpu", dtype=torch.int64)
+    emitted, nodes, count = native().greedy_tree_walk(host.offsets.numpy(), host.tokens.numpy(),
+                                                      host.parents.numpy(), target.numpy(), width)
     f = torch.from_numpy
-    return AcceptResult.from_paths(torch.as_tensor(offsets), f(emitted), f(count), f(nodes))
+    return AcceptResult.from_paths(host.offsets, f(emitted), f(count), f(nodes))
 
 
-def device_greedy_walk(offsets: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
-                       logits: torch.Tensor, width: int) -> AcceptResult:
-    """`greedy_walk` with the Triton kernel on the logits' device: the trees (host or device)
-    travel in one copy; nothing is read back unless the offsets are on the device (their
-    largest tree sizes the kernel's block)."""
+def device_greedy_walk(batch: TreeBatch, logits: torch.Tensor, width: int) -> AcceptResult:
+    """`greedy_walk` with the Triton kernel on the logits' device, over the batch's device twin
+    (`TreeBatch.to`: one copy, made once per step); nothing is read back unless the offsets are
+    on the device (their largest tree sizes the kernel's block)."""
     from vllm_treespec.kernels.tree_accept import greedy_tree_accept
 
-    dev = logits.device
-    offsets = torch.as_tensor(offsets)
-    sizes = offsets[1:] - offsets[:-1]
-    b, t = sizes.numel(), int(torch.as_tensor(tokens).numel())
-    flat = torch.cat([torch.as_tensor(x).to(torch.int64) for x in (offsets, tokens, parents)])
-    off, tok, par = torch.split(flat.to(dev), [b + 1, t, t])
-    emitted, nodes, count = greedy_tree_accept(off, tok, par, greedy_tokens(logits), width,
-                                               max_nodes=int(sizes.max()) if b else 1)
-    return AcceptResult.from_paths(off, emitted, count, nodes)
+    twin = batch.to(logits.device)
+    b = batch.batch_size
+    emitted, nodes, count = greedy_tree_accept(twin.offsets, twin.tokens, twin.parents,
+                                               greedy_tokens(logits), width,
+                                               max_nodes=int(batch.sizes.max()) if b else 1)
+    return AcceptResult.from_paths(twin.offsets, emitted, count, nodes)

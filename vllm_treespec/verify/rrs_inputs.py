@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from vllm_treespec.verify.tree_input import TreeLayout
+from vllm_treespec.tree.batch import TreeBatch
 
 __all__ = ["check_draft_probs", "check_num_draws", "check_node_draws", "PROB_SUM_TOL"]
 
@@ -19,14 +19,14 @@ def _first(mask: torch.Tensor) -> int:
     return int(mask.nonzero()[0, 0])
 
 
-def _check_draft_rows(draft_rows: Any, num_q: int, layout: TreeLayout,
+def _check_draft_rows(draft_rows: Any, num_q: int, batch: TreeBatch,
                       device: torch.device) -> torch.Tensor:
     """int64 [T]: each tree row's q row (compact form) or -1; identity for the full form."""
     if draft_rows is None:
-        return torch.arange(layout.num_rows, device=device)
+        return torch.arange(batch.num_rows, device=device)
     idx = torch.as_tensor(draft_rows, device=device)
-    if idx.shape != (layout.num_rows,) or idx.dtype.is_floating_point:
-        raise ValueError(f"draft_rows must be an integer tensor of shape [{layout.num_rows}] (one "
+    if idx.shape != (batch.num_rows,) or idx.dtype.is_floating_point:
+        raise ValueError(f"draft_rows must be an integer tensor of shape [{batch.num_rows}] (one "
                          f"entry per tree row), got {tuple(idx.shape)} {idx.dtype}")
     idx = idx.to(torch.int64)
     if idx.numel() and (int(idx.min()) < -1 or int(idx.max()) >= num_q):
@@ -35,7 +35,7 @@ def _check_draft_rows(draft_rows: Any, num_q: int, layout: TreeLayout,
 
 
 def check_draft_probs(
-    draft_probs: Any, draft_rows: Any, layout: TreeLayout, vocab: int, device: torch.device,
+    draft_probs: Any, draft_rows: Any, batch: TreeBatch, vocab: int, device: torch.device,
     full: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(q rows, q row index per tree row or -1)."""
@@ -45,9 +45,9 @@ def check_draft_probs(
             "were sampled from (use mode='target_only' for deterministic candidate sets)"
         )
     q = torch.as_tensor(draft_probs, device=device)
-    if draft_rows is None and q.shape != (layout.num_rows, vocab):
+    if draft_rows is None and q.shape != (batch.num_rows, vocab):
         raise ValueError(
-            f"draft_probs must have shape [T, V] = [{layout.num_rows}, {vocab}] like logits, "
+            f"draft_probs must have shape [T, V] = [{batch.num_rows}, {vocab}] like logits, "
             f"got {tuple(q.shape)}"
         )
     if draft_rows is not None and (q.dim() != 2 or q.shape[1] != vocab):
@@ -55,13 +55,13 @@ def check_draft_probs(
                          f"got {tuple(q.shape)}")
     if not q.dtype.is_floating_point:
         raise TypeError(f"draft_probs must be floating point, got {q.dtype}")
-    index = _check_draft_rows(draft_rows, q.shape[0], layout, device)
+    index = _check_draft_rows(draft_rows, q.shape[0], batch, device)
     if full:
-        _check_rows_are_distributions(q, index, layout)
-    draft = layout.parents >= 0
-    parent_q = index[layout.global_parents[draft]]
+        _check_rows_are_distributions(q, index, batch)
+    draft = batch.parents >= 0
+    parent_q = index[batch.global_parents[draft]]
     has_q = parent_q >= 0
-    q_drafted = q[parent_q[has_q], layout.tokens[draft][has_q]]
+    q_drafted = q[parent_q[has_q], batch.tokens[draft][has_q]]
     if bool((q_drafted <= 0).any()):
         row = int(draft.nonzero()[has_q.nonzero()[_first(q_drafted <= 0), 0], 0])
         raise ValueError(
@@ -71,12 +71,12 @@ def check_draft_probs(
     return q, index
 
 
-def _check_rows_are_distributions(q: torch.Tensor, index: torch.Tensor, layout: TreeLayout) -> None:
+def _check_rows_are_distributions(q: torch.Tensor, index: torch.Tensor, batch: TreeBatch) -> None:
     # Row sums and minima in one pass each, without copying [T, V]: a finite sum rules out
     # inf/nan entries, a non-negative minimum rules out negative ones. Only rows of nodes with
     # children matter (in the compact form: the rows such nodes point at).
     has_kids = torch.zeros(q.shape[0], dtype=torch.bool, device=q.device)
-    used = (layout.num_children > 0) & (index >= 0)
+    used = (batch.num_children > 0) & (index >= 0)
     has_kids[index[used]] = True
     sums = q.sum(dim=1, dtype=torch.float32)
     bad = has_kids & ~torch.isfinite(sums)
@@ -97,15 +97,15 @@ def _check_rows_are_distributions(q: torch.Tensor, index: torch.Tensor, layout: 
 
 
 def check_num_draws(
-    num_draws: Any, replacement: bool, layout: TreeLayout, device: torch.device
+    num_draws: Any, replacement: bool, batch: TreeBatch, device: torch.device
 ) -> torch.Tensor | None:
     if num_draws is None:
         return None
     n = torch.as_tensor(num_draws, device=device)
-    if n.shape != (layout.num_rows,) or n.dtype.is_floating_point:
-        raise ValueError(f"num_draws must be an integer tensor of shape [{layout.num_rows}]")
+    if n.shape != (batch.num_rows,) or n.dtype.is_floating_point:
+        raise ValueError(f"num_draws must be an integer tensor of shape [{batch.num_rows}]")
     n = n.to(torch.int64)
-    draft = layout.parents >= 0
+    draft = batch.parents >= 0
     if bool((n[draft] < 1).any()):
         raise ValueError("num_draws must be >= 1 for every draft node")
     if not replacement and bool((n[draft] != 1).any()):
@@ -117,7 +117,7 @@ def check_num_draws(
 
 
 def check_node_draws(node_draws: Any, draws: torch.Tensor | None, q_index: torch.Tensor,
-                      layout: TreeLayout, device: torch.device) -> None:
+                      batch: TreeBatch, device: torch.device) -> None:
     """replacement=True: every node with children and a q row must verify all the draws it made.
 
     Its children's ``num_draws`` (1 each by default) must add up to ``node_draws[u]``. A tree
@@ -129,13 +129,13 @@ def check_node_draws(node_draws: Any, draws: torch.Tensor | None, q_index: torch
             "its q row each node made (its children's num_draws must add up to it)"
         )
     made = torch.as_tensor(node_draws, device=device)
-    if made.shape != (layout.num_rows,) or made.dtype.is_floating_point:
-        raise ValueError(f"node_draws must be an integer tensor of shape [{layout.num_rows}]")
-    draft = layout.parents >= 0
-    per_child = draws[draft] if draws is not None else torch.ones_like(layout.parents[draft])
-    covered = torch.zeros(layout.num_rows, dtype=torch.int64, device=device)
-    covered.index_add_(0, layout.global_parents[draft], per_child)
-    checked = (layout.num_children > 0) & (q_index >= 0)
+    if made.shape != (batch.num_rows,) or made.dtype.is_floating_point:
+        raise ValueError(f"node_draws must be an integer tensor of shape [{batch.num_rows}]")
+    draft = batch.parents >= 0
+    per_child = draws[draft] if draws is not None else torch.ones_like(batch.parents[draft])
+    covered = torch.zeros(batch.num_rows, dtype=torch.int64, device=device)
+    covered.index_add_(0, batch.global_parents[draft], per_child)
+    checked = (batch.num_children > 0) & (q_index >= 0)
     bad = checked & (covered != made.to(torch.int64))
     if bool(bad.any()):
         row = _first(bad)
