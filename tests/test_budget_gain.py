@@ -1,10 +1,13 @@
 """budget.gain (budget/gain.py): step-cost fit, per-request decisions, probes, determinism."""
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 
-from vllm_treespec.budget.gain import GainControl, StepCost
+from vllm_treespec.budget.gain import GainControl, GainRecord, StepCost
 from vllm_treespec.config import ConfigError, load_config
 
 
@@ -50,31 +53,45 @@ def test_overhead_is_known_when_every_step_drafts():
     assert cost.tokens_per_second() == pytest.approx(7 / 6.4e-3, rel=0.01)
 
 
-def _learn(gain: GainControl, req: str, depth: int, accepted: int, times: int = 30) -> None:
+class _Requests(dict):
+    """req id -> its GainRecord, made on first use (what the engine's request table keeps)."""
+
+    def __init__(self, gain: GainControl) -> None:
+        super().__init__()
+        self.gain = gain
+
+    def __missing__(self, req: str) -> GainRecord:
+        record = self[req] = self.gain.new_record()
+        return record
+
+
+def _learn(gain: GainControl, req: GainRecord, depth: int, accepted: int, times: int = 30) -> None:
     for _ in range(times):
         gain.observe_trees([req], [depth], [accepted])
 
 
 def test_requests_whose_drafts_pay_draft_and_others_stop():
     gain = GainControl(16, probe_every=4)
-    _learn(gain, "good", 16, 12)
-    _learn(gain, "bad", 16, 0)
+    reqs = _Requests(gain)
+    _learn(gain, reqs["good"], 16, 12)
+    _learn(gain, reqs["bad"], 16, 0)
     costs = (0.05, 0.5)           # tokens per verified row, tokens per drafting request
-    good = gain.decide("good", 16, costs=costs)
-    bad = gain.decide("bad", 16, costs=costs)
+    good = gain.decide(reqs["good"], 16, costs=costs)
+    bad = gain.decide(reqs["bad"], 16, costs=costs)
     assert good.nodes >= 12 and not good.probe
     assert bad.nodes == 0
 
 
 def test_rows_get_dearer_with_load_and_trees_shrink():
     gain = GainControl(16, margin=1.0)
-    _learn(gain, "r", 16, 6)
-    light = gain.decide("r", 16, costs=(0.03, 0.3)).nodes
-    heavy = gain.decide("r", 16, costs=(0.6, 0.3)).nodes
+    reqs = _Requests(gain)
+    _learn(gain, reqs["r"], 16, 6)
+    light = gain.decide(reqs["r"], 16, costs=(0.03, 0.3)).nodes
+    heavy = gain.decide(reqs["r"], 16, costs=(0.6, 0.3)).nodes
     assert 0 < heavy < light
 
 
-def _probe_steps(gain: GainControl, req: str, steps: int, costs: tuple[float, float],
+def _probe_steps(gain: GainControl, req: GainRecord, steps: int, costs: tuple[float, float],
                  accepted: int = 0) -> list[int]:
     probes = []
     for step in range(1, steps + 1):
@@ -89,8 +106,9 @@ def _probe_steps(gain: GainControl, req: str, steps: int, costs: tuple[float, fl
 
 def test_stopped_requests_are_probed_with_backoff():
     gain = GainControl(8, probe_every=2, max_probe_every=8, probe_nodes=2)
-    _learn(gain, "r", 8, 0)
-    probes = _probe_steps(gain, "r", 60, (0.1, 1.0))
+    reqs = _Requests(gain)
+    _learn(gain, reqs["r"], 8, 0)
+    probes = _probe_steps(gain, reqs["r"], 60, (0.1, 1.0))
     assert all(p % 2 == 0 for p in probes)                 # on the shared clock
     assert np.diff(probes).tolist()[:4] == [2, 4, 8, 8], probes    # 2 -> 4 -> 8 (capped)
 
@@ -98,54 +116,66 @@ def test_stopped_requests_are_probed_with_backoff():
 def test_unseeded_requests_probe_in_the_same_steps():
     """One speculative step serves every due probe: its overhead is paid once."""
     gain = GainControl(8, probe_every=4, max_probe_every=16)
+    reqs = _Requests(gain)
     for r in ("a", "b", "c"):
-        _learn(gain, r, 8, 0)
+        _learn(gain, reqs[r], 8, 0)
     steps = {r: [] for r in ("a", "b", "c")}
     for step in range(1, 80):
         gain.begin_step()
         for r in steps:
-            if gain.decide(r, 8, costs=(0.1, 1.0)).nodes:
+            if gain.decide(reqs[r], 8, costs=(0.1, 1.0)).nodes:
                 steps[r].append(step)
-                gain.observe_trees([r], [2], [0])
+                gain.observe_trees([reqs[r]], [2], [0])
     assert steps["a"] == steps["b"] == steps["c"] and steps["a"]
 
 
 def test_a_probe_that_accepts_resumes_drafting():
     gain = GainControl(8, probe_every=1, probe_nodes=2, calibrate_every=0)
-    _learn(gain, "r", 8, 0)
+    reqs = _Requests(gain)
+    _learn(gain, reqs["r"], 8, 0)
     costs = (0.05, 0.3)
     gain.begin_step()
-    assert gain.decide("r", 8, costs=costs).probe
+    assert gain.decide(reqs["r"], 8, costs=costs).probe
     for _ in range(5):                                   # the text turned repetitive
-        gain.observe_trees(["r"], [2], [2])
-    d = gain.decide("r", 8, costs=costs)
+        gain.observe_trees([reqs["r"]], [2], [2])
+    d = gain.decide(reqs["r"], 8, costs=costs)
     assert d.nodes >= 2 and not d.probe
 
 
 def test_probes_that_accept_too_little_to_pay_still_back_off():
     gain = GainControl(8, probe_every=2, max_probe_every=16, probe_nodes=2)
-    _learn(gain, "r", 8, 0)
-    probes = _probe_steps(gain, "r", 80, (0.2, 1.0), accepted=1)   # one token: not enough
+    reqs = _Requests(gain)
+    _learn(gain, reqs["r"], 8, 0)
+    probes = _probe_steps(gain, reqs["r"], 80, (0.2, 1.0), accepted=1)   # one token: not enough
     assert np.diff(probes).tolist()[:4] == [2, 4, 8, 16], probes
 
 
 def test_seeded_sampled_decisions_ignore_measured_costs():
     """A seeded request's tree (and so its tokens) must not depend on other traffic."""
     gain = GainControl(16, fixed_row_cost=0.05, fixed_request_cost=0.5)
-    _learn(gain, "s", 16, 5)
-    a = gain.decide("s", 16, seeded_sampled=True, costs=(0.01, 0.0))
-    b = gain.decide("s", 16, seeded_sampled=True, costs=(0.9, 5.0))
+    reqs = _Requests(gain)
+    _learn(gain, reqs["s"], 16, 5)
+    a = gain.decide(reqs["s"], 16, seeded_sampled=True, costs=(0.01, 0.0))
+    b = gain.decide(reqs["s"], 16, seeded_sampled=True, costs=(0.9, 5.0))
     assert a == b and a.nodes > 0
 
 
-def test_release_forgets_requests():
+def test_a_requests_state_is_its_record_and_goes_with_it():
+    """The controller keeps what is pooled (the class's acceptance); the request's acceptance,
+    probe schedule and class are its record, and dropping the record frees them."""
     gain = GainControl(8, probe_every=1)
-    _learn(gain, "r", 8, 0, times=2)
+    r = gain.new_record()
+    _learn(gain, r, 8, 0, times=2)
     gain.begin_step()
-    gain.decide("r", 8, costs=(0.5, 1.0))
-    assert gain.tracked() == 1
-    gain.release(["r"])
-    assert gain.tracked() == 0
+    assert gain.decide(r, 8, costs=(0.5, 1.0), cls="T0.7").probe
+    gain.observe_trees([r], [2], [0])
+    assert (r.waited, r.interval, r.probing, r.probed, r.cls) == (0, 2, False, True, "T0.7")
+    assert r.acceptance.reached[0] > 0
+    assert gain.classes.rates("T0.7") is not None
+    gone = weakref.ref(r)
+    del r
+    gc.collect()
+    assert gone() is None
 
 
 def test_measured_costs_scale_with_the_rate():
@@ -178,51 +208,52 @@ def test_gain_config_is_checked():
 
 def test_margin_stops_drafts_the_model_rates_break_even():
     plain, careful = GainControl(8, margin=1.0), GainControl(8, margin=2.0)
-    for g in (plain, careful):
-        _learn(g, "r", 8, 1)          # about one token accepted per step
+    records = {g: g.new_record() for g in (plain, careful)}
+    for g, r in records.items():
+        _learn(g, r, 8, 1)          # about one token accepted per step
     costs = (0.1, 0.45)
-    assert plain.decide("r", 8, costs=costs).nodes > 0
-    assert careful.decide("r", 8, costs=costs).nodes == 0
+    assert plain.decide(records[plain], 8, costs=costs).nodes > 0
+    assert careful.decide(records[careful], 8, costs=costs).nodes == 0
 
 
 def _class_history(gain: GainControl, cls: str, accepted: int, requests: int = 12) -> None:
     """Finished requests of class `cls` whose 8-node drafts accepted `accepted` tokens."""
-    for i in range(requests):
-        req = f"{cls}-old{i}"
+    for _ in range(requests):
+        req = gain.new_record()         # dropped when it finishes: only its class's counts stay
         for _ in range(5):
             gain.begin_step()
             if gain.decide(req, 8, costs=(0.05, 0.3), cls=cls).nodes:
                 gain.observe_trees([req], [8], [accepted])
-        gain.release([req])
 
 
 def test_new_requests_start_from_their_class_acceptance():
     """At T=0.7 a new request does not open with a full draft its class never accepts; a
     greedy one (its class accepts) does; a seeded one ignores the class (its own history only)."""
     gain = GainControl(8, probe_every=4)
+    reqs = _Requests(gain)
     _class_history(gain, "T0.7", accepted=0)
     _class_history(gain, "greedy", accepted=7)
     costs = (0.05, 0.3)
-    assert gain.decide("new-sampled", 8, costs=costs, cls="T0.7").nodes == 0
-    assert gain.decide("new-greedy", 8, costs=costs, cls="greedy").nodes >= 7
-    assert gain.decide("new-seeded", 8, seeded_sampled=True, costs=costs, cls="T0.7").nodes == 8
-    assert gain.tracked() <= 3            # finished requests left no state but their class's
+    assert gain.decide(reqs["new-sampled"], 8, costs=costs, cls="T0.7").nodes == 0
+    assert gain.decide(reqs["new-greedy"], 8, costs=costs, cls="greedy").nodes >= 7
+    assert gain.decide(reqs["new-seeded"], 8, seeded_sampled=True, costs=costs, cls="T0.7").nodes == 8
 
 
 def test_a_classes_failed_probes_lengthen_its_new_requests_first_wait():
     """A new request of a class whose probes keep failing starts at the class's long interval;
     one without a class (or whose class probes paid) starts at probe_every."""
     gain = GainControl(8, probe_every=2, max_probe_every=16)
+    reqs = _Requests(gain)
     _class_history(gain, "T1.0", accepted=0)
-    _learn(gain, "no-class", 8, 0)        # stopped by its own history, like the class
+    _learn(gain, reqs["no-class"], 8, 0)        # stopped by its own history, like the class
     costs = (0.2, 1.0)
     probes = {"no-class": 0, "new": 0}
     for _ in range(40):
         gain.begin_step()
         for req, cls in (("no-class", None), ("new", "T1.0")):
-            if gain.decide(req, 8, costs=costs, cls=cls).probe:
+            if gain.decide(reqs[req], 8, costs=costs, cls=cls).probe:
                 probes[req] += 1
-                gain.observe_trees([req], [2], [0])
+                gain.observe_trees([reqs[req]], [2], [0])
     assert probes["new"] < probes["no-class"], probes
     assert probes["new"] >= 1, probes
 
@@ -231,17 +262,19 @@ def test_calibration_steps_leave_unseeded_requests_undrafted():
     """Every calibrate_every steps unseeded requests draft nothing, so the step cost fit sees
     steps of different sizes; seeded ones decide as always (their trees depend on nothing else)."""
     gain = GainControl(8, calibrate_every=4)
-    _learn(gain, "g", 8, 8)
-    _learn(gain, "s", 8, 8)
+    reqs = _Requests(gain)
+    _learn(gain, reqs["g"], 8, 8)
+    _learn(gain, reqs["s"], 8, 8)
     drafted = []
     for _ in range(12):
         gain.begin_step()
-        drafted.append((gain.decide("g", 8, costs=(0.05, 0.3)).nodes,
-                        gain.decide("s", 8, seeded_sampled=True).nodes))
+        drafted.append((gain.decide(reqs["g"], 8, costs=(0.05, 0.3)).nodes,
+                        gain.decide(reqs["s"], 8, seeded_sampled=True).nodes))
     assert [g for g, _ in drafted] == [8, 8, 0, 8] * 3
     assert all(s == 8 for _, s in drafted)
-    assert all(GainControl(8, calibrate_every=0).decide("x", 8, costs=(0.0, 0.0)).nodes == 8
-               for _ in range(3))
+    uncalibrated = GainControl(8, calibrate_every=0)
+    x = uncalibrated.new_record()
+    assert all(uncalibrated.decide(x, 8, costs=(0.0, 0.0)).nodes == 8 for _ in range(3))
 
 
 def test_decision_kinds_for_metrics():
@@ -257,6 +290,7 @@ def test_a_probe_accepted_to_its_end_keeps_probing_soon():
     """A request whose 2-node probes are accepted whole is matching again: it probes at
     probe_every until its acceptance lets it draft, instead of backing off."""
     gain = GainControl(8, probe_every=2, max_probe_every=16, probe_nodes=2, calibrate_every=0)
-    _learn(gain, "r", 8, 0)
-    probes = _probe_steps(gain, "r", 40, (0.2, 3.0), accepted=2)     # dear to draft: stays probing
+    reqs = _Requests(gain)
+    _learn(gain, reqs["r"], 8, 0)
+    probes = _probe_steps(gain, reqs["r"], 40, (0.2, 3.0), accepted=2)     # dear to draft: stays probing
     assert np.diff(probes).tolist()[:4] == [2, 2, 2, 2], probes

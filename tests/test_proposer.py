@@ -87,17 +87,28 @@ def test_trees_are_kept_per_request_and_freed_on_finish(proposer):
     assert len(proposer.requests) == 0 and len(proposer.requests.trees) == 0
 
 
-@pytest.mark.parametrize("reach_floor", [0.0, 0.2])
-def test_finishing_requests_that_hold_trees_and_q_rows_frees_every_table(reach_floor):
+@pytest.mark.parametrize("budget", [{"reach_floor": 0.0}, {"reach_floor": 0.2},
+                                    {"reach_floor": 0.2, "gain": {"enabled": True}}])
+def test_finishing_requests_that_hold_trees_and_q_rows_frees_every_table(budget):
     """Several requests finished at once while each still holds its last tree and q rows (what a
-    request has when it finishes mid-draft): nothing of theirs may stay behind, reach on or off."""
+    request has when it finishes mid-draft) and, after a verified step, its budget rules' state:
+    nothing of theirs may stay behind, reach and gain on or off."""
+    import gc
+    import weakref
+
     from vllm_treespec.engine.proposer import TreeProposer
 
-    p = TreeProposer(_vllm_config(k=4, treespec={"drafter": {"type": "prompt_lookup"},
-                                                 "budget": {"reach_floor": reach_floor}}))
+    p = TreeProposer(_vllm_config(k=4, treespec={"drafter": {"type": "prompt_lookup"}, "budget": budget}))
     ids = ["a", "b", "c"]
     runner = _runner([[1, 2, 3, 9, 1, 2, 3]] * 3, ids)
     assert p.propose_step(runner, _sched(), [[3]] * 3) == [[9, 1, 2, 3]] * 3
+    step = p.plan_step(ids, np.array([5] * 3), {r: [9, 1, 2, 3] for r in ids}, np.array([0, 5, 10, 15]),
+                       np.array([7] * 3))
+    p.budget.observe_verified(p.requests, step, [1, 4, 0], [4] * 3)     # what the rules learn from it
+    records = [r for st in p.requests.values() for r in (st.reach, st.gain) if r is not None]
+    assert len(records) == 3 * ((budget["reach_floor"] > 0) + ("gain" in budget))
+    refs = [weakref.ref(r) for r in records]
+    del records
     for r in ids:
         p.requests.draft_probs[r] = object()   # a sampled tree's q rows, as a sampling drafter leaves
     assert set(p.requests.trees) == set(ids)
@@ -105,6 +116,8 @@ def test_finishing_requests_that_hold_trees_and_q_rows_frees_every_table(reach_f
     assert set(p.requests.trees) == {"b"} and set(p.requests.draft_probs) == {"b"} and set(p.requests) == {"b"}
     p.on_requests_finished(["b", "never-seen"])
     assert all(n == 0 for n in p.tracked_requests().values()), p.tracked_requests()
+    gc.collect()
+    assert all(ref() is None for ref in refs)           # the budget rules keep no request's state
 
 
 def test_requests_with_options_trees_cannot_honour_get_no_drafts(proposer):
@@ -204,13 +217,14 @@ def test_reach_floor_caps_each_request_from_its_acceptance():
     }
     assert p.propose_step(runner, _sched(), [[3], [3]]) == [[9, 1, 2, 3]] * 2   # nothing learnt yet
     assert {r: p.requests[r].reach_class for r in p.requests} == {"greedy": "greedy", "sampled": "sampled"}
+    records = [p.requests[r].reach_record(p.budget.reach) for r in ("sampled", "greedy")]
     for _ in range(50):                    # sampled drafts: first node rejected; greedy: all accepted
-        p.budget.reach.observe(["sampled", "greedy"], [4, 4], [0, 4])
-    assert (p.budget.reach.cap("greedy"), p.budget.reach.cap("sampled")) == (4, 1)
+        p.budget.reach.observe(records, [4, 4], [0, 4])
+    assert [p.budget.reach.cap(p.requests[r].reach) for r in ("greedy", "sampled")] == [4, 1]
     assert p.budget.reach_means(p.requests) == {"greedy": 4.0, "sampled": 1.0}
     assert p.propose_step(runner, _sched(), [[3], [3]]) == [[9, 1, 2, 3], [9]]
     p.on_requests_finished({"greedy", "sampled"})
-    assert len(p.requests) == 0 and p.budget.reach.tracked() == 0
+    assert len(p.requests) == 0 and p.tracked_requests() == {"requests": 0}
 
 
 def test_reach_floor_off_by_default(proposer):

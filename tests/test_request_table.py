@@ -49,6 +49,32 @@ def test_fields_act_as_mappings_and_release_drops_everything():
     assert len(table) == 0 and len(table.trees) == 0 and len(table.generators) == 0
 
 
+def test_release_frees_the_requests_budget_records():
+    """A request's budget state lives in its record: made on first use, kept across steps, and
+    freed with the record (no rule holds on to it)."""
+    import gc
+    import weakref
+
+    from vllm_treespec.budget.gain import GainControl
+    from vllm_treespec.budget.reach import ReachCap
+
+    reach, gain = ReachCap(0.3, max_depth=4), GainControl(4)
+    table = RequestTable()
+    st = table.state("r")
+    assert st.reach is None and st.gain is None
+    records = (st.reach_record(reach), st.gain_record(gain))
+    assert records == (st.reach_record(reach), st.gain_record(gain)) == (st.reach, st.gain)
+    reach.observe([st.reach], [4], [1])
+    gain.begin_step()
+    gain.decide(st.gain, 4, costs=(0.1, 1.0), cls="T0.7")
+    gain.observe_trees([st.gain], [4], [1])
+    refs = [weakref.ref(r) for r in records]
+    del st, records
+    table.release(["r"])
+    gc.collect()
+    assert [r() for r in refs] == [None, None]
+
+
 def test_fixed_options_are_read_once_and_min_tokens_each_step():
     from vllm import SamplingParams
 

@@ -41,14 +41,14 @@ Pure Python and numpy: no vLLM.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from vllm_treespec.budget.reach import SAMPLED, ReachCap, observe_depths
+from vllm_treespec.budget.reach import SAMPLED, ReachCap, ReachRecord, observe_depths
 
-__all__ = ["ClassAcceptance", "GAIN_DECISIONS", "GainControl", "GainDecision", "StepCost", "decision_kind",
-           "gain_class"]
+__all__ = ["ClassAcceptance", "GAIN_DECISIONS", "GainControl", "GainDecision", "GainRecord", "StepCost",
+           "decision_kind", "gain_class"]
 
 
 def gain_class(temperature: float | None) -> str | None:
@@ -155,8 +155,13 @@ class ClassAcceptance:
         self._counts: dict[str, tuple[np.ndarray, np.ndarray]] = {}   # class -> (reached, accepted)
 
     def observe(self, cls: str, depth: int, accepted: int) -> None:
-        """One verified draft of a request of class `cls`: its deepest node and accepted length."""
-        observe_depths(self._counts, cls, self.max_depth, self.decay, depth, accepted)
+        """One verified draft of a request of class `cls`: its deepest node and accepted length
+        (a class gets counts with its first draft that has nodes)."""
+        counts = self._counts.get(cls)
+        if counts is None:
+            counts = (np.zeros(self.max_depth), np.zeros(self.max_depth))
+        if observe_depths(*counts, self.decay, depth, accepted):
+            self._counts[cls] = counts
 
     def rates(self, cls: str) -> np.ndarray | None:
         """float [max_depth] conditional acceptance at each depth; None before any observation."""
@@ -165,6 +170,19 @@ class ClassAcceptance:
             return None
         reached, hit = counts
         return (hit + self.prior * self.prior_weight) / (reached + self.prior_weight)
+
+
+@dataclass(eq=False)
+class GainRecord:
+    """One request's gain-control state. It lives in the request's own record
+    (engine/request_table.py) and is freed with it: `GainControl` keeps only pooled state (the
+    step cost, the shared probe clock, each class's acceptance and first probe interval)."""
+    acceptance: ReachRecord          # its decayed acceptance by depth (under GainControl.reach's settings)
+    waited: int | None = None        # stopped: steps since its last probe (None: not stopped)
+    interval: int | None = None      # stopped: its current probe interval in steps (None: not stopped)
+    probing: bool = False            # its last draft was a probe not yet verified
+    probed: bool = False             # a probe of it was verified; its next decision judges it
+    cls: str | None = None           # unseeded: its sampling class (its drafts feed the class's counts)
 
 
 @dataclass(frozen=True)
@@ -195,7 +213,9 @@ class GainControl:
     are decided with; `margin`: measured costs are multiplied by it before deciding (what a
     speculative step costs beyond the model, e.g. the engine's per-step spec-decode handling,
     makes drafts that the model rates break-even lose: docs/never-slower.md); `prior` /
-    `prior_weight` / `decay`: the per-request acceptance model."""
+    `prior_weight` / `decay`: the per-request acceptance model. Each request's state is a
+    `GainRecord` (`new_record`) that the caller keeps with the request and passes in; the
+    controller holds only what is pooled (costs, the probe clock, the classes)."""
 
     def __init__(self, max_depth: int, *, probe_every: int = 8, max_probe_every: int = 64,
                  probe_nodes: int = 2, fixed_row_cost: float = 0.05, fixed_request_cost: float = 0.5,
@@ -216,14 +236,9 @@ class GainControl:
         self.cost = StepCost()
         self._drafter_seconds = 0.0      # per drafting request, moving average
         self._drafting = 1               # requests that drafted in the last speculative step
-        self._waited: dict[str, int] = {}    # stopped requests: steps since their last draft
-        self._interval: dict[str, int] = {}  # their current probe interval
-        self._probing: set[str] = set()      # requests whose last draft was a probe
         self._step = 0                       # steps decided (the shared probe clock)
         self.classes = ClassAcceptance(self.max_depth, prior=prior)
-        self._class_of: dict[str, str] = {}          # unseeded requests with a class
         self._class_interval: dict[str, int] = {}    # first probe interval of a class's requests
-        self._probed: set[str] = set()               # probe verified, outcome not yet decided
 
     # -- costs -------------------------------------------------------------------------------
     def measured_costs(self) -> tuple[float, float]:
@@ -236,6 +251,11 @@ class GainControl:
         return row * rate, (overhead / max(self._drafting, 1) + self._drafter_seconds) * rate
 
     # -- decisions ---------------------------------------------------------------------------
+    def new_record(self) -> GainRecord:
+        """A new request's state (kept by the caller with the request, passed to `decide` and
+        `observe_trees`): no acceptance observed, not stopped."""
+        return GainRecord(self.reach.new_record())
+
     def begin_step(self) -> None:
         """Advance the shared probe clock: call once per step, before that step's `decide`s.
         Every `calibrate_every` steps is a calibration step: no unseeded request drafts, so the
@@ -248,22 +268,23 @@ class GainControl:
         self.calibrating = self.calibrate_every > 0 and \
             self._step % self.calibrate_every == self.calibrate_every - 1
 
-    def decide(self, req_id: str, cap: int, seeded_sampled: bool = False,
+    def decide(self, record: GainRecord, cap: int, seeded_sampled: bool = False,
                costs: tuple[float, float] | None = None, cls: str | None = None) -> GainDecision:
-        """The request's nodes this step, at most `cap` (its budget from the mode, room and
-        eligibility). `costs`: `measured_costs()` computed once per step by the caller; `cls`:
-        an unseeded request's sampling class (its prior and probe interval are the class's;
-        ignored for seeded sampled requests, which depend on nothing but themselves)."""
+        """The nodes of the request whose state is `record` this step, at most `cap` (its budget
+        from the mode, room and eligibility). `costs`: `measured_costs()` computed once per step by
+        the caller; `cls`: an unseeded request's sampling class (its prior and probe interval are
+        the class's; ignored for seeded sampled requests, which depend on nothing but themselves)."""
         cap = min(int(cap), self.max_depth)
         if cap <= 0 or (self.calibrating and not seeded_sampled):
             return GainDecision(0)
-        if req_id in self._waited and req_id not in self._probed:
+        if record.waited is not None and not record.probed:
             # stopped and nothing new about it since: it waits for its probe without re-deciding
             # (a stopped request learns only from probes, so re-deciding it would cost a reach
             # computation per request and step for nothing)
-            waited = self._waited[req_id] + 1
-            if not self._due(waited, self._interval.get(req_id, self.probe_every), seeded_sampled):
-                self._waited[req_id] = waited
+            waited = record.waited + 1
+            if not self._due(waited, record.interval if record.interval is not None else self.probe_every,
+                             seeded_sampled):
+                record.waited = waited
                 return GainDecision(0)
         prior = None
         if seeded_sampled:
@@ -273,33 +294,31 @@ class GainControl:
             row_cost, request_cost = costs if costs is not None else self.measured_costs()
             row_cost, request_cost = self.margin * row_cost, self.margin * request_cost
             if cls is not None:
-                self._class_of[req_id] = cls
+                record.cls = cls
                 prior = self.classes.rates(cls)
-        reach = self.reach.reach(req_id, prior)[:cap]
+        reach = self.reach.reach(record.acceptance, prior)[:cap]
         n = int(np.count_nonzero(reach >= row_cost)) if row_cost > 0 else cap
         # reach is non-increasing (a cumulative product), so the first n depths are those above
         pays = n > 0 and float(reach[:n].sum()) - n * row_cost > request_cost
-        if req_id in self._probed:
-            self._probed.discard(req_id)
+        if record.probed:
+            record.probed = False
             if cls is not None:         # a probe's verdict sets how soon the class probes next
                 now = self._class_interval.get(cls, self.probe_every)
                 self._class_interval[cls] = max(self.probe_every, now // 2) if pays else \
                     min(2 * now, self.max_probe_every)
         if pays:
-            self._waited.pop(req_id, None)
-            self._interval.pop(req_id, None)
-            self._probing.discard(req_id)
+            record.waited = record.interval = None
+            record.probing = False
             return GainDecision(n)
-        waited = self._waited.get(req_id, 0) + 1
-        interval = self._interval.get(req_id)
-        if interval is None:
-            interval = self._interval[req_id] = self._class_interval.get(cls, self.probe_every) \
+        waited = (record.waited or 0) + 1
+        if record.interval is None:
+            record.interval = self._class_interval.get(cls, self.probe_every) \
                 if cls is not None else self.probe_every
-        if self._due(waited, interval, seeded_sampled):
-            self._waited[req_id] = 0
-            self._probing.add(req_id)
+        if self._due(waited, record.interval, seeded_sampled):
+            record.waited = 0
+            record.probing = True
             return GainDecision(min(cap, self.probe_nodes), probe=True)
-        self._waited[req_id] = waited
+        record.waited = waited
         return GainDecision(0)
 
     def _due(self, waited: int, interval: int, seeded_sampled: bool) -> bool:
@@ -312,8 +331,10 @@ class GainControl:
         return waited >= (interval + 1) // 2 and self._step % interval == 0
 
     # -- observations --------------------------------------------------------------------------
-    def observe_trees(self, req_ids: Sequence[str], depths: Sequence[int], accepted: Sequence[int]) -> None:
-        """One verified step: per drafted request its deepest node's depth and accepted length.
+    def observe_trees(self, records: Sequence[GainRecord], depths: Sequence[int],
+                      accepted: Sequence[int]) -> None:
+        """One verified step: per drafted request its state, its deepest node's depth and
+        accepted length.
         A probe that is not accepted to its end doubles the request's probe interval (up to the
         maximum): a probe makes its whole step speculative, so a request whose probes accept a
         little but not enough to draft must not probe often. One accepted to its end resets
@@ -321,16 +342,14 @@ class GainControl:
         little to resume drafting at once (served at 8 greedy clients, 90% of decisions were
         `stopped` while probes accepted 2.3 tokens per tree). The interval also resets when
         drafting pays again (`decide`)."""
-        self.reach.observe(req_ids, depths, accepted)
-        for req_id, depth, acc in zip(req_ids, depths, accepted):
-            cls = self._class_of.get(req_id)
-            if cls is not None:
-                self.classes.observe(cls, depth, acc)
-            if req_id in self._probing:
-                self._probing.discard(req_id)
-                self._probed.add(req_id)
-                self._interval[req_id] = self.probe_every if acc >= depth else \
-                    min(2 * self._interval.get(req_id, self.probe_every), self.max_probe_every)
+        self.reach.observe([r.acceptance for r in records], depths, accepted)
+        for record, depth, acc in zip(records, depths, accepted):
+            if record.cls is not None:
+                self.classes.observe(record.cls, depth, acc)
+            if record.probing:
+                record.probing, record.probed = False, True
+                interval = record.interval if record.interval is not None else self.probe_every
+                record.interval = self.probe_every if acc >= depth else min(2 * interval, self.max_probe_every)
 
     def observe_step(self, seconds: float, rows: int, speculative: bool, emitted: int,
                      drafting: int = 0, drafter_seconds: float = 0.0,
@@ -341,19 +360,3 @@ class GainControl:
         if speculative and drafting > 0:
             self._drafting = drafting
             self._drafter_seconds += 0.1 * (drafter_seconds / drafting - self._drafter_seconds)
-
-    def release(self, req_ids: Iterable[str]) -> None:
-        """Forget finished or aborted requests."""
-        req_ids = list(req_ids)
-        self.reach.release(req_ids)
-        for r in req_ids:
-            self._waited.pop(r, None)
-            self._interval.pop(r, None)
-            self._probing.discard(r)
-            self._probed.discard(r)
-            self._class_of.pop(r, None)
-
-    def tracked(self) -> int:
-        """Requests with state (acceptance counts or a probe schedule)."""
-        return len(self.reach.request_ids() | set(self._waited) | set(self._interval) | self._probing
-                   | self._probed | set(self._class_of))

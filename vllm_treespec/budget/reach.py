@@ -18,6 +18,9 @@ drift back towards the prior as their counts decay, so a lowered cap is tried de
 acceptance rises. The cap bounds the request's node budget: a chain's nodes are its depth; a tree
 is shrunk to that many nodes (and so to that depth at most).
 
+The counts and the cap are the request's `ReachRecord`, kept in its own record by the engine
+(engine/request_table.py), so they are freed with the request; `ReachCap` holds only settings.
+
 Why per request and not per sampling class: the cap then depends on the request's own history
 only, so it adds no dependence on other traffic. A seeded request keeps sampling the same tokens
 whatever else the server runs, as far as its drafter and budget mode allow (a fixed budget and a
@@ -27,29 +30,25 @@ It also fits each request's own temperature, filters and text. Pure Python and n
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
-__all__ = ["ReachCap", "GREEDY", "SAMPLED", "observe_depths"]
+__all__ = ["ReachCap", "ReachRecord", "GREEDY", "SAMPLED", "observe_depths"]
 
 GREEDY, SAMPLED = "greedy", "sampled"
 
 
-def observe_depths(counts: dict[str, tuple[np.ndarray, np.ndarray]], key: str, max_depth: int,
-                   decay: float, depth: int, accepted: int) -> bool:
-    """Add one verified draft (deepest node `depth`, accepted path length `accepted`) to the
-    decayed (reached, accepted) counts by depth under `key`: every depth up to the accepted
-    length + 1 was reached, every depth up to the accepted length accepted. False (nothing
-    added) for a draft without nodes."""
-    depth = min(int(depth), max_depth)
+def observe_depths(reached: np.ndarray, hit: np.ndarray, decay: float, depth: int, accepted: int) -> bool:
+    """Add one verified draft (deepest node `depth`, accepted path length `accepted`) to decayed
+    counts by depth (float [max_depth] each, index d - 1, updated in place): every depth up to the
+    accepted length + 1 was reached, every depth up to the accepted length accepted. False
+    (nothing added, nothing decayed) for a draft without nodes."""
+    depth = min(int(depth), len(reached))
     if depth < 1:
         return False
     acc = min(int(accepted), depth)
-    entry = counts.get(key)
-    if entry is None:
-        entry = counts[key] = (np.zeros(max_depth), np.zeros(max_depth))
-    reached, hit = entry
     reached *= 1.0 - decay
     hit *= 1.0 - decay
     reached[:min(acc + 1, depth)] += 1.0
@@ -57,11 +56,21 @@ def observe_depths(counts: dict[str, tuple[np.ndarray, np.ndarray]], key: str, m
     return True
 
 
+@dataclass(eq=False)
+class ReachRecord:
+    """One request's acceptance by depth. It lives in the request's own record
+    (engine/request_table.py) and is freed with it: `ReachCap` keeps no per-request state."""
+    reached: np.ndarray     # float [max_depth]: decayed count of its drafts that reached depth d (index d - 1)
+    accepted: np.ndarray    # float [max_depth]: decayed count of those accepted at depth d
+    cap: int                # the most draft nodes it gets (max_depth until a draft of it was observed)
+
+
 class ReachCap:
     """See the module docstring. `max_depth`: the deepest draft any request can have;
     `prior`/`prior_weight`: the conditional acceptance assumed before a request's observations
     (optimistic, so it drafts fully first); `decay`: the weight its counts lose per observed step
-    (recent steps dominate)."""
+    (recent steps dominate). The rule holds only these settings; each request's counts and cap
+    are its `ReachRecord` (`new_record`), which the caller keeps with the request."""
 
     def __init__(self, floor: float, max_depth: int, *, prior: float = 0.9, prior_weight: float = 1.0,
                  decay: float = 0.02) -> None:
@@ -71,46 +80,35 @@ class ReachCap:
             raise ValueError("need max_depth >= 1, 0 < prior <= 1, prior_weight > 0, 0 <= decay < 1")
         self.floor, self.max_depth = float(floor), int(max_depth)
         self.prior, self.prior_weight, self.decay = float(prior), float(prior_weight), float(decay)
-        self._counts: dict[str, tuple[np.ndarray, np.ndarray]] = {}   # req -> (reached, accepted)
-        self._caps: dict[str, int] = {}
 
     @staticmethod
     def sampling_class(temperature: float | None) -> str:
         """greedy below vLLM's sampling epsilon (1e-5), sampled otherwise (None: greedy)."""
         return GREEDY if temperature is None or float(temperature) < 1e-5 else SAMPLED
 
-    def cap(self, req_id: str) -> int:
-        """The most draft nodes this request gets (1..max_depth; max_depth before it was observed)."""
-        return self._caps.get(req_id, self.max_depth)
+    def new_record(self) -> ReachRecord:
+        """A request's record before any of its drafts was observed (no counts, full cap)."""
+        return ReachRecord(np.zeros(self.max_depth), np.zeros(self.max_depth), self.max_depth)
 
-    def reach(self, req_id: str, prior: np.ndarray | None = None) -> np.ndarray:
-        """float [max_depth]: the estimated probability that this request accepts through depth d
+    def cap(self, record: ReachRecord | None) -> int:
+        """The most draft nodes the request gets (1..max_depth; max_depth before it was observed,
+        or without a record yet)."""
+        return self.max_depth if record is None else record.cap
+
+    def reach(self, record: ReachRecord | None, prior: np.ndarray | None = None) -> np.ndarray:
+        """float [max_depth]: the estimated probability that the request accepts through depth d
         (index d - 1). `prior`: float [max_depth] conditional acceptance to assume where the
         request has no observations of its own (default: the constant `self.prior`)."""
-        reached, accepted = self._counts.get(req_id, (np.zeros(self.max_depth), np.zeros(self.max_depth)))
-        w = self.prior_weight
-        return np.cumprod((accepted + (self.prior if prior is None else prior) * w) / (reached + w))
+        if record is None:
+            record = self.new_record()
+        w, p = self.prior_weight, self.prior if prior is None else prior
+        return np.cumprod((record.accepted + p * w) / (record.reached + w))
 
-    def observe(self, req_ids: Sequence[str], depths: Sequence[int], accepted: Sequence[int]) -> None:
-        """One verified step: per drafted request, its tree's deepest node depth and the length of
-        its accepted path (bonus token not counted)."""
-        if not len(req_ids) == len(depths) == len(accepted):
-            raise ValueError("req_ids, depths and accepted need one entry per drafted request")
-        for req_id, depth, acc in zip(req_ids, depths, accepted):
-            if not observe_depths(self._counts, req_id, self.max_depth, self.decay, depth, acc):
-                continue
-            self._caps[req_id] = max(1, int(np.count_nonzero(self.reach(req_id) >= self.floor)))
-
-    def release(self, req_ids: Iterable[str]) -> None:
-        """Forget finished or aborted requests."""
-        for r in req_ids:
-            self._counts.pop(r, None)
-            self._caps.pop(r, None)
-
-    def tracked(self) -> int:
-        """Requests with a learnt cap."""
-        return len(self._caps)
-
-    def request_ids(self) -> set[str]:
-        """The requests with a learnt cap."""
-        return set(self._caps)
+    def observe(self, records: Sequence[ReachRecord], depths: Sequence[int], accepted: Sequence[int]) -> None:
+        """One verified step: per drafted request, its record, its tree's deepest node depth and
+        the length of its accepted path (bonus token not counted)."""
+        if not len(records) == len(depths) == len(accepted):
+            raise ValueError("records, depths and accepted need one entry per drafted request")
+        for record, depth, acc in zip(records, depths, accepted):
+            if observe_depths(record.reached, record.accepted, self.decay, depth, acc):
+                record.cap = max(1, int(np.count_nonzero(self.reach(record) >= self.floor)))

@@ -77,21 +77,6 @@ class BudgetControl:
         logger.info("TreeProposer: verify cost profiled in %.1f s (query tokens -> ms): %s",
                     time.perf_counter() - start, ", ".join(f"{q}: {s * 1e3:.2f}" for q, s in points))
 
-    def release(self, req_ids: Sequence[str]) -> None:
-        if self.reach is not None:
-            self.reach.release(req_ids)
-        if self.gain is not None:
-            self.gain.release(req_ids)
-
-    def tracked(self) -> dict[str, int]:
-        """Requests the reach and gain rules still hold (a leak check)."""
-        counts = {}
-        if self.reach is not None:
-            counts["reach"] = self.reach.tracked()
-        if self.gain is not None:
-            counts["gain"] = self.gain.tracked()
-        return counts
-
     # -- per step: the caps ---------------------------------------------------------------------
     def caps(self, requests: RequestTable, runner: Any, req_ids: Sequence[str], lengths: Sequence[int],
              decoding: Sequence[bool], budget: int) -> tuple[list[int], Any]:
@@ -124,12 +109,13 @@ class BudgetControl:
                 caps[i] = min(caps[i], st.max_nodes)
             if self.reach is not None:
                 st.reach_class = ReachCap.sampling_class(request_temperature(runner, req_id))
-                caps[i] = min(caps[i], self.reach.cap(req_id))
+                caps[i] = min(caps[i], self.reach.cap(st.reach))
             if self.gain is not None and caps[i] > 0:
                 if gain_costs is None:
                     gain_costs = self.gain.measured_costs()
                     gain_counts = dict.fromkeys(GAIN_DECISIONS, 0)
-                decision = self.gain.decide(req_id, caps[i], st.seeded_sampled, gain_costs, st.gain_class)
+                decision = self.gain.decide(st.gain_record(self.gain), caps[i], st.seeded_sampled, gain_costs,
+                                            st.gain_class)
                 caps[i] = decision.nodes
                 gain_counts[decision_kind(decision, self.gain.calibrating)] += 1
         if gain_costs is not None:
@@ -157,20 +143,20 @@ class BudgetControl:
             return
         offsets = step.trees.offsets.numpy()
         depths = np.maximum.reduceat(step.trees.depth.numpy(), offsets[:-1]).tolist()
+        states = [requests.state(r) for r in step.req_ids]
         if self.reach is not None:
-            self.reach.observe(step.req_ids, depths, accepted_len)
+            self.reach.observe([st.reach_record(self.reach) for st in states], depths, accepted_len)
             self.stats.observe_reach(self.reach_means(requests))
         if self.gain is not None:
-            self.gain.observe_trees(step.req_ids, depths, accepted_len)
+            self.gain.observe_trees([st.gain_record(self.gain) for st in states], depths, accepted_len)
 
     def reach_means(self, requests: RequestTable) -> dict[str, float]:
         """Mean reach cap of the live requests of each sampling class (for stats and /metrics)."""
         assert self.reach is not None
         per: dict[str, list[int]] = {}
-        for req_id in requests:
-            cls = requests[req_id].reach_class
-            if cls is not None:
-                per.setdefault(cls, []).append(self.reach.cap(req_id))
+        for st in requests.values():
+            if st.reach_class is not None:
+                per.setdefault(st.reach_class, []).append(self.reach.cap(st.reach))
         return {cls: sum(c) / len(c) for cls, c in per.items()}
 
     def observe_step(self, scheduler_output: Any, started_at: float | None) -> None:

@@ -88,22 +88,22 @@ class TreeProposer:
         self.budget.profile_verify_cost(runner)
 
     def on_requests_finished(self, req_ids: Iterable[str], runner: Any = None) -> None:
-        """The one place a request's state is freed (its record, the budget rules' and the
+        """The one place a request's state is freed (its record, budget state included, and the
         drafter's); drafters that learn online see the outputs. Called by the `_update_states`
         patch before vLLM removes the requests from its batch, so their token rows are readable."""
         req_ids = list(req_ids)
         self.requests.release(req_ids)
-        self.budget.release(req_ids)
         if self.drafter.capabilities.observes_output and runner is not None:
             for tokens in runner_state.finished_outputs(runner, req_ids):
                 self.drafter.observe_output(tokens)
         self.drafter.on_requests_finished(req_ids)
 
     def tracked_requests(self) -> dict[str, int]:
-        """Requests still held: records, budget rules', the drafter's tables (a leak check: after
-        every request finished, every count is 0)."""
+        """Requests still held: records (with their budget rules' state; the rules keep none of
+        their own) and the drafter's tables (a leak check: after every request finished, every
+        count is 0)."""
         drafter = {f"drafter.{name}": n for name, n in self.drafter.tracked_requests().items()}
-        return {"requests": len(self.requests), **self.budget.tracked(), **drafter}
+        return {"requests": len(self.requests), **drafter}
 
     # -- drafting --------------------------------------------------------------------------
     def propose_step(self, runner: Any, scheduler_output: Any, sampled_token_ids: list[list[int]],

@@ -1,9 +1,10 @@
 """One record per request the proposer serves, in one table.
 
 Why one record: a request's drafting state (its fixed options, last tree and q rows, node cap,
-acceptance generator, counters) is freed in one step when vLLM reports the request finished
-(`TreeProposer.on_requests_finished`, which also releases the budget rules' and the drafter's own
-per-request state); a record cannot be half freed, as one of several tables could be forgotten.
+acceptance generator, counters, and its state in the budget rules: `ReachRecord`, `GainRecord`)
+is freed in one step when vLLM reports the request finished (`TreeProposer.on_requests_finished`,
+which also releases the drafter's own per-request state); a record cannot be half freed, as one
+of several tables could be forgotten.
 """
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from vllm_treespec.budget.gain import gain_class
-from vllm_treespec.budget.reach import SAMPLED, ReachCap
+from vllm_treespec.budget.gain import GainControl, GainRecord, gain_class
+from vllm_treespec.budget.reach import SAMPLED, ReachCap, ReachRecord
 from vllm_treespec.drafters.base import Proposal
 from vllm_treespec.engine.eligibility import pending_min_tokens, static_blocker
 from vllm_treespec.engine.request_options import RequestOptionError, parse_request_options
@@ -47,6 +48,9 @@ class RequestState:
     budget_given: int = 0               # the node cap of its last drafts
     reach_class: str | None = None      # greedy / sampled, kept with budget.reach_floor
     generator: torch.Generator | None = None   # tree acceptance's own stream (seeded sampled)
+    # its state in the budget rules (engine/budget_control.py), made on first use
+    reach: ReachRecord | None = None    # budget.reach_floor: its acceptance counts by depth and cap
+    gain: GainRecord | None = None      # budget.gain: its acceptance, probe schedule and class
 
     def read_options(self, params: Any) -> None:
         """The request's fixed options: what keeps it from drafting, its own node cap
@@ -61,6 +65,18 @@ class RequestState:
         self.seeded_sampled = (getattr(params, "seed", None) is not None
                                and ReachCap.sampling_class(temperature) == SAMPLED)
         self.gain_class = None if self.seeded_sampled else gain_class(temperature)
+
+    def reach_record(self, rule: ReachCap) -> ReachRecord:
+        """Its budget.reach_floor record, made on first use."""
+        if self.reach is None:
+            self.reach = rule.new_record()
+        return self.reach
+
+    def gain_record(self, rule: GainControl) -> GainRecord:
+        """Its budget.gain record, made on first use."""
+        if self.gain is None:
+            self.gain = rule.new_record()
+        return self.gain
 
     def blocker_now(self, progress: tuple[Any, int] | None) -> str | None:
         """Why it may not be verified as a tree this step (None = it may). `progress` =
