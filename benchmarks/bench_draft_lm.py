@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _contexts(batch: int, length: int, rng: np.random.Generator) -> list[np.ndarray]:
-    from vllm_treespec.fixtures.code_lm import load_tokens
+    from treespec_fixtures.code_lm import load_tokens
 
     held = load_tokens("held").numpy()
     starts = rng.integers(0, held.shape[0] - length - 1, size=batch)

@@ -54,7 +54,7 @@ def target_forward() -> Callable[[], None]:
     """The code-LM target's HF forward over 5 rows: the work that precedes drafting in the engine."""
     from transformers import AutoModelForCausalLM
 
-    from vllm_treespec.fixtures import build_fixture
+    from treespec_fixtures import build_fixture
 
     model = AutoModelForCausalLM.from_pretrained(build_fixture("code-lm")).eval()
     ids = torch.arange(5).unsqueeze(0) + 100
@@ -87,7 +87,7 @@ def run_steps(lm, held: np.ndarray, steps: int, gap: Callable[[], None] | None) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vllm_treespec.fixtures.code_lm import load_tokens
+    from treespec_fixtures.code_lm import load_tokens
     from harness.report import hardware_info, hardware_line, software_info
 
     ns = parse_args(argv)

@@ -51,8 +51,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def train_variant(name: str, steps: int | None, work: Path) -> dict:
-    from vllm_treespec.fixtures import build_fixture
-    from vllm_treespec.fixtures.heads import DART_HEAD_RECIPE, JETSPEC_HEAD_RECIPE
+    from treespec_fixtures import build_fixture
+    from treespec_fixtures.heads import DART_HEAD_RECIPE, JETSPEC_HEAD_RECIPE
     from vllm_treespec.train.cli import train_head
 
     kind, shape, changes = variants()[name]
@@ -82,7 +82,7 @@ def evaluate_windows(target_dir: Path, head_dir: Path) -> dict:
 
     from vllm_treespec.drafters.heads.checkpoint import load_head
     from vllm_treespec.drafters.parallel_head import target_embedding
-    from vllm_treespec.fixtures import build_fixture
+    from treespec_fixtures import build_fixture
     from vllm_treespec.train.cli import held_out_mask
     from vllm_treespec.train.loop import evaluate_head
     from vllm_treespec.train.shards import SequenceWindows, load_shards

@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench_serving import resolve_model
     from unseen_prompts import build_prompts, describe, prompts_sha256
-    from vllm_treespec.fixtures.prebuild import prebuild_engine_fixtures
+    from treespec_fixtures.prebuild import prebuild_engine_fixtures
     from harness.report import hardware_info, hardware_line, software_info
     from harness.serving import CPU_SERVE_ARGS, run_load, scrape_spec_metrics, serve
 

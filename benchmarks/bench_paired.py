@@ -173,9 +173,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     ns = parse_args(argv)
-    from vllm_treespec.fixtures import build_fixture
-    from vllm_treespec.fixtures.corpus import held_out_prompts
-    from vllm_treespec.fixtures.prebuild import prebuild_engine_fixtures
+    from treespec_fixtures import build_fixture
+    from vllm_treespec.train.corpus import held_out_prompts
+    from treespec_fixtures.prebuild import prebuild_engine_fixtures
 
     model = str(build_fixture(ns.fixture))
     for spec in (ns.a, ns.b):               # here, on every core, not in a core-pinned worker

@@ -142,7 +142,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vllm_treespec.fixtures import build_fixture
+    from treespec_fixtures import build_fixture
     from harness.report import hardware_info, hardware_line, software_info
     from harness.serving import scrape_spec_metrics, serve
 

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     from vllm import LLM, SamplingParams
 
     from unseen_prompts import build_prompts
-    from vllm_treespec.fixtures import build_fixture
+    from treespec_fixtures import build_fixture
     from harness.report import hardware_info, software_info
 
     model = str(build_fixture("code-lm"))

@@ -218,8 +218,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     from harness.comparison import treespec
-    from vllm_treespec.fixtures import build_fixture
-    from vllm_treespec.fixtures.corpus import held_out_prompts
+    from treespec_fixtures import build_fixture
+    from vllm_treespec.train.corpus import held_out_prompts
     from harness.report import hardware_info, software_info
     from harness.serving import serve
 
