@@ -14,6 +14,7 @@ Writes JSON + PNG to benchmarks/results/ (hardware and torch threads in the reco
 """
 from __future__ import annotations
 
+import treespec_fixtures  # noqa: F401  (fixture: paths and demo/ presets, here and in servers)
 import argparse
 import datetime as dt
 import json

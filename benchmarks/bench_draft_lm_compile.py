@@ -17,6 +17,7 @@ The record was written with an empty inductor cache, so its compile times are a 
 """
 from __future__ import annotations
 
+import treespec_fixtures  # noqa: F401  (fixture: paths and demo/ presets, here and in servers)
 import argparse
 import datetime as dt
 import json

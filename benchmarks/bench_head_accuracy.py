@@ -14,6 +14,7 @@ token, hit@10 = the target's token is in the head's top 10.
 """
 from __future__ import annotations
 
+import treespec_fixtures  # noqa: F401  (fixture: paths and demo/ presets, here and in servers)
 import argparse
 import json
 import sys

@@ -54,6 +54,7 @@ ratios beside it, and prints the ratio table in markdown.
 """
 from __future__ import annotations
 
+import treespec_fixtures  # noqa: F401  (fixture: paths and demo/ presets, here and in servers)
 import argparse
 import datetime as dt
 import json

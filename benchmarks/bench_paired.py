@@ -30,6 +30,7 @@ not compared pair by pair then; `tests/test_e2e_tree_sampling.py` tests the dist
 """
 from __future__ import annotations
 
+import treespec_fixtures  # noqa: F401  (fixture: paths and demo/ presets, here and in servers)
 import argparse
 import json
 import multiprocessing as mp

@@ -19,6 +19,7 @@ step-time breakdown from the treespec_* series: worker step, drafter + builder, 
 """
 from __future__ import annotations
 
+import treespec_fixtures  # noqa: F401  (fixture: paths and demo/ presets, here and in servers)
 import argparse
 import datetime as dt
 import json

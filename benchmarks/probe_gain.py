@@ -7,6 +7,7 @@ sizes). For diagnosing decisions, not a speed comparison (no paired baseline: us
 """
 from __future__ import annotations
 
+import treespec_fixtures  # noqa: F401  (fixture: paths and demo/ presets, here and in servers)
 import argparse
 import json
 import os

@@ -14,6 +14,7 @@ cumulative / steps); with --no-profile, tokens/s and process CPU seconds of 3 pa
 """
 from __future__ import annotations
 
+import treespec_fixtures  # noqa: F401  (fixture: paths and demo/ presets, here and in servers)
 import os
 import sys
 import time

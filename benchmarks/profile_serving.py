@@ -14,6 +14,7 @@ Needs py-spy (`pip install py-spy`, any location; pass --py-spy if it is not on 
 """
 from __future__ import annotations
 
+import treespec_fixtures  # noqa: F401  (fixture: paths and demo/ presets, here and in servers)
 import argparse
 import collections
 import json

@@ -27,6 +27,7 @@ each step hands over the rows committed since the previous one, as the engine do
 """
 from __future__ import annotations
 
+import treespec_fixtures  # noqa: F401  (fixture: paths and demo/ presets, here and in servers)
 import argparse
 import hashlib
 import json

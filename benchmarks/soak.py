@@ -25,6 +25,7 @@ over the mean of its first three samples.
 """
 from __future__ import annotations
 
+import treespec_fixtures  # noqa: F401  (fixture: paths and demo/ presets, here and in servers)
 import argparse
 import json
 import os

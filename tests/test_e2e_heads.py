@@ -86,8 +86,8 @@ def test_head_greedy_equals_spec_off(runs, run):
 # (fixture head, drafter.type or, when tree is None, the shipped preset served as is, tree) on code-lm
 TRAINED = {"dart-chain": ("dart-head", "dart", {"builder": "chain"}),
            "dart-best_first": ("dart-head", "dart", {"builder": "best_first", "max_depth": 8}),
-           "dart-preset": ("dart-head", "demo/dart", None),             # configs/demo/dart.yaml
-           "jetspec-preset": ("jetspec-head", "demo/jetspec", None),    # configs/demo/jetspec.yaml
+           "dart-preset": ("dart-head", "demo/dart", None),             # treespec_fixtures/demo/dart.yaml
+           "jetspec-preset": ("jetspec-head", "demo/jetspec", None),    # treespec_fixtures/demo/jetspec.yaml
            "diffusion-preset": ("diffusion-head", "demo/diffusion-presto", None)}   # demo/diffusion-presto
 
 
