@@ -263,22 +263,28 @@ def _check_path(key: str, spec: str, kind: str, served: _Served, order: int | No
     one): a file or directory, or a prefixed path its resolver locates (checked when it exists)."""
     from vllm_treespec.paths import PathQuery, locate_path, split_prefix
 
-    check = {"trie": lambda p: _check_trie_file(key, p, served, order if kind == "trie" else None),
-             "model": lambda p: _check_draft_model_dir(key, p, served)}.get(
-        kind, lambda p: _check_head_dir(key, p, kind, served))
+    trie_order = order if kind == "trie" else None
     split = split_prefix(spec)
     if split is None:
         path = Path(spec).expanduser()
-        return f"{key}: {path}: {check(path)}"
-    query = PathQuery(key, spec, split[1], kind, served.tokenizer, served.fingerprint,
-                      order if kind == "trie" else None)
+        return f"{key}: {path}: {_check_file(key, kind, path, served, trie_order)}"
+    query = PathQuery(key, spec, split[1], kind, served.tokenizer, served.fingerprint, trie_order)
     try:
         path, note = locate_path(query)
     except ValueError as e:
         raise PreflightError(EXIT_CONFIG, key, str(e)) from None
     if path is None:
         return f"{key}: {spec}: {note}"
-    return f"{key}: {spec}: cached at {path}: {check(path)}"
+    return f"{key}: {spec}: cached at {path}: {_check_file(key, kind, path, served, trie_order)}"
+
+
+def _check_file(key: str, kind: str, path: Path, served: _Served, trie_order: int | None) -> str:
+    """The checks of one local path by what the key needs (paths.KINDS)."""
+    if kind == "trie":
+        return _check_trie_file(key, path, served, trie_order)
+    if kind == "model":
+        return _check_draft_model_dir(key, path, served)
+    return _check_head_dir(key, path, kind, served)
 
 
 # ---------------------------------------------------------------------------- the served model
