@@ -5,7 +5,7 @@
    resolved inside the worker trains that way. Times a few Mamba draft-LM training steps (the
    fixture's own recipe, fewer steps, in a child process each) pinned to core 0 with one torch
    thread, and unpinned with the recipe's threads. This is why fixtures are built before engines
-   start (vllm_treespec/fixtures/prebuild.py).
+   start (benchmarks/treespec_fixtures/prebuild.py).
 2. One end-to-end engine run of the tiny fixture (tests/e2e.py `run_engine`: a fresh process,
    16 short greedy requests) with vLLM's engine core and worker in their own spawned processes
    vs inside the runner (VLLM_ENABLE_V1_MULTIPROCESSING=0), alternating, `--repeats` each.
@@ -30,9 +30,9 @@ import dataclasses, json, os, sys, time
 pin = sys.argv[1] == "pinned"
 if pin:
     os.sched_setaffinity(0, {0})
-from vllm_treespec.fixtures.code_lm import load_tokens, tokenizer_dir
-from vllm_treespec.fixtures.mamba_lm import MAMBA_DRAFT_LM_RECIPE as R, MAMBA_SHAPE, MAMBA_TRAIN, new_model
-from vllm_treespec.fixtures.train_lm import train
+from treespec_fixtures.code_lm import load_tokens, tokenizer_dir
+from treespec_fixtures.mamba_lm import MAMBA_DRAFT_LM_RECIPE as R, MAMBA_SHAPE, MAMBA_TRAIN, new_model
+from treespec_fixtures.train_lm import train
 cfg = dataclasses.replace(MAMBA_TRAIN, steps=int(sys.argv[2]), threads=1 if pin else MAMBA_TRAIN.threads)
 eos = json.loads((tokenizer_dir() / "fixture.json").read_text())["eos_token_id"]
 model = new_model(MAMBA_SHAPE, eos, seed=R["init_seed"], init_std=R["init_std"],
@@ -53,7 +53,7 @@ def train_steps(mode: str, steps: int) -> dict:
 def engine_run(multiprocess: bool) -> dict:
     from e2e import greedy, run_engine
 
-    from vllm_treespec.fixtures import build_fixture
+    from treespec_fixtures import build_fixture
 
     prompts = ["def fibonacci(n):\n    ", "import os\n", "class Config:\n", "x = [1, 2, 3]\n"] * 4
     engine = dict(dtype="float32", enforce_eager=True, max_model_len=512, max_num_seqs=8, seed=0)
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--output", type=Path, default=None)
     ns = p.parse_args(argv)
-    from vllm_treespec.fixtures import build_fixture
+    from treespec_fixtures import build_fixture
     from harness.report import hardware_info, hardware_line, software_info
 
     build_fixture("code-lm")                       # tokenizer and token shards of the Mamba recipe

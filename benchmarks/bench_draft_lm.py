@@ -14,6 +14,7 @@ Writes JSON + PNG to benchmarks/results/ (hardware and torch threads in the reco
 """
 from __future__ import annotations
 
+import treespec_fixtures  # noqa: F401  (fixture: paths and demo/ presets, here and in servers)
 import argparse
 import datetime as dt
 import json
@@ -40,7 +41,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _contexts(batch: int, length: int, rng: np.random.Generator) -> list[np.ndarray]:
-    from vllm_treespec.fixtures.code_lm import load_tokens
+    from treespec_fixtures.code_lm import load_tokens
 
     held = load_tokens("held").numpy()
     starts = rng.integers(0, held.shape[0] - length - 1, size=batch)

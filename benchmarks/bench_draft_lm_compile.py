@@ -17,6 +17,7 @@ The record was written with an empty inductor cache, so its compile times are a 
 """
 from __future__ import annotations
 
+import treespec_fixtures  # noqa: F401  (fixture: paths and demo/ presets, here and in servers)
 import argparse
 import datetime as dt
 import json
@@ -54,7 +55,7 @@ def target_forward() -> Callable[[], None]:
     """The code-LM target's HF forward over 5 rows: the work that precedes drafting in the engine."""
     from transformers import AutoModelForCausalLM
 
-    from vllm_treespec.fixtures import build_fixture
+    from treespec_fixtures import build_fixture
 
     model = AutoModelForCausalLM.from_pretrained(build_fixture("code-lm")).eval()
     ids = torch.arange(5).unsqueeze(0) + 100
@@ -87,7 +88,7 @@ def run_steps(lm, held: np.ndarray, steps: int, gap: Callable[[], None] | None) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vllm_treespec.fixtures.code_lm import load_tokens
+    from treespec_fixtures.code_lm import load_tokens
     from harness.report import hardware_info, hardware_line, software_info
 
     ns = parse_args(argv)

@@ -14,6 +14,7 @@ fixed template of the paper and with the UCB bandit at the smallest budget.
 """
 from __future__ import annotations
 
+import treespec_fixtures  # noqa: F401  (fixture: paths and demo/ presets, here and in servers)
 import sys
 from pathlib import Path
 

@@ -15,6 +15,7 @@ configs/drafters/draft-model.yaml, static template 3-2-2-1): top_k and sample.
 """
 from __future__ import annotations
 
+import treespec_fixtures  # noqa: F401  (fixture: paths and demo/ presets, here and in servers)
 import sys
 from pathlib import Path
 

@@ -14,6 +14,7 @@ token, hit@10 = the target's token is in the head's top 10.
 """
 from __future__ import annotations
 
+import treespec_fixtures  # noqa: F401  (fixture: paths and demo/ presets, here and in servers)
 import argparse
 import json
 import sys
@@ -51,8 +52,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def train_variant(name: str, steps: int | None, work: Path) -> dict:
-    from vllm_treespec.fixtures import build_fixture
-    from vllm_treespec.fixtures.heads import DART_HEAD_RECIPE, JETSPEC_HEAD_RECIPE
+    from treespec_fixtures import build_fixture
+    from treespec_fixtures.heads import DART_HEAD_RECIPE, JETSPEC_HEAD_RECIPE
     from vllm_treespec.train.cli import train_head
 
     kind, shape, changes = variants()[name]
@@ -82,7 +83,7 @@ def evaluate_windows(target_dir: Path, head_dir: Path) -> dict:
 
     from vllm_treespec.drafters.heads.checkpoint import load_head
     from vllm_treespec.drafters.parallel_head import target_embedding
-    from vllm_treespec.fixtures import build_fixture
+    from treespec_fixtures import build_fixture
     from vllm_treespec.train.cli import held_out_mask
     from vllm_treespec.train.loop import evaluate_head
     from vllm_treespec.train.shards import SequenceWindows, load_shards

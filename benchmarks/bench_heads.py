@@ -17,6 +17,7 @@ with PRESTO beam + n-gram rho (the `diffusion-presto` preset's tree).
 """
 from __future__ import annotations
 
+import treespec_fixtures  # noqa: F401  (fixture: paths and demo/ presets, here and in servers)
 import sys
 from pathlib import Path
 

@@ -54,6 +54,7 @@ ratios beside it, and prints the ratio table in markdown.
 """
 from __future__ import annotations
 
+import treespec_fixtures  # noqa: F401  (fixture: paths and demo/ presets, here and in servers)
 import argparse
 import datetime as dt
 import json
@@ -412,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench_serving import resolve_model
     from unseen_prompts import build_prompts, describe, prompts_sha256
-    from vllm_treespec.fixtures.prebuild import prebuild_engine_fixtures
+    from treespec_fixtures.prebuild import prebuild_engine_fixtures
     from harness.report import hardware_info, hardware_line, software_info
     from harness.serving import CPU_SERVE_ARGS, run_load, scrape_spec_metrics, serve
 

@@ -82,11 +82,11 @@ def us(fn: Callable[[], Any], per: int, **kw: Any) -> dict[str, float]:
 
 def tokenizer_dir() -> tuple[Path, str]:
     """The code-LM tokenizer (shared artifact, no model training) when that fixture exists, else tiny's."""
-    from vllm_treespec.fixtures import FIXTURES, build_fixture
+    from treespec_fixtures import FIXTURES, build_fixture
 
     if "code-lm" in FIXTURES:
         try:
-            from vllm_treespec.fixtures.code_lm import tokenizer_dir as code_tokenizer_dir
+            from treespec_fixtures.code_lm import tokenizer_dir as code_tokenizer_dir
         except ImportError:
             return build_fixture("code-lm"), "code-lm"
         return code_tokenizer_dir(), "code-lm"
@@ -112,7 +112,7 @@ def site_packages_files(limit_mb: float | None) -> list[Path]:
 
 def query_set(tok_dir: Path, n: int, vocab: int, unigram: np.ndarray, seed: int = 0):
     """Held-out contexts (last 8 tokens), the true next token, and K candidates per context."""
-    from vllm_treespec.fixtures import corpus
+    from vllm_treespec.train import corpus
     from vllm_treespec.ngram.tokenizer import encode_batch, load_tokenizer
 
     _, held = corpus.split_files()
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output", default=str(RESULTS))
     args = ap.parse_args(argv)
 
-    from vllm_treespec.fixtures import corpus
+    from vllm_treespec.train import corpus
     from vllm_treespec.ngram import NgramTrie, build_trie
     from harness.dict_trie import DictTrie
 

@@ -30,6 +30,7 @@ not compared pair by pair then; `tests/test_e2e_tree_sampling.py` tests the dist
 """
 from __future__ import annotations
 
+import treespec_fixtures  # noqa: F401  (fixture: paths and demo/ presets, here and in servers)
 import argparse
 import json
 import multiprocessing as mp
@@ -173,9 +174,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     ns = parse_args(argv)
-    from vllm_treespec.fixtures import build_fixture
-    from vllm_treespec.fixtures.corpus import held_out_prompts
-    from vllm_treespec.fixtures.prebuild import prebuild_engine_fixtures
+    from treespec_fixtures import build_fixture
+    from vllm_treespec.train.corpus import held_out_prompts
+    from treespec_fixtures.prebuild import prebuild_engine_fixtures
 
     model = str(build_fixture(ns.fixture))
     for spec in (ns.a, ns.b):               # here, on every core, not in a core-pinned worker

@@ -19,6 +19,7 @@ step-time breakdown from the treespec_* series: worker step, drafter + builder, 
 """
 from __future__ import annotations
 
+import treespec_fixtures  # noqa: F401  (fixture: paths and demo/ presets, here and in servers)
 import argparse
 import datetime as dt
 import json
@@ -62,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def resolve_model(ns: argparse.Namespace) -> tuple[str, Path, dict]:
     """(label, model dir, fixture.json contents or {})."""
-    from vllm_treespec.fixtures import FIXTURES, build_fixture
+    from treespec_fixtures import FIXTURES, build_fixture
 
     if ns.model_dir:
         model_dir = Path(ns.model_dir).resolve()
@@ -165,14 +166,14 @@ def run_and_record(ns: argparse.Namespace, benchmark: str, configs: list, refere
     any greedy output differs from no speculation."""
     from harness.comparison import (NGRAM_MAX, NGRAM_MIN, all_match, median_measurements,
                                           run_comparison, summarize)
-    from vllm_treespec.fixtures.corpus import held_out_prompts
+    from vllm_treespec.train.corpus import held_out_prompts
     from harness.report import (format_table, hardware_info, hardware_line, plot_throughput,
                                       software_info)
     from harness.serving import CPU_SERVE_ARGS
 
     label, model_dir, meta = resolve_model(ns)
     if "lookup-trie-distilled" in (getattr(ns, "tree_configs", None) or ()):
-        from vllm_treespec.ngram.fixture import build_trie_fixture
+        from treespec_fixtures.tries import build_trie_fixture
 
         build_trie_fixture("code-lm-distill-5gram", model_dir)   # before any server starts
     hw = hardware_info()
@@ -209,7 +210,7 @@ def run_and_record(ns: argparse.Namespace, benchmark: str, configs: list, refere
         "software": software_info(),
         "model": {"dir_name": model_dir.name, "label": label, "fixture": meta},
         "prompts": {"count": len(prompts), "prompt_chars": ns.prompt_chars, "seed": ns.seed,
-                    "source": "vllm_treespec.fixtures.corpus.held_out_prompts"},
+                    "source": "vllm_treespec.train.corpus.held_out_prompts"},
         "max_tokens": ns.max_tokens,
         **extra,
         "reference": ref_name,

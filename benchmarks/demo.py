@@ -33,7 +33,7 @@ COLUMNS = [("config", "config", str), ("tokens/s", "tokens_per_s", fmt_float(1))
 
 
 def _pick_fixture() -> tuple[str, Path]:
-    from vllm_treespec.fixtures import FIXTURES, build_fixture
+    from treespec_fixtures import FIXTURES, build_fixture
 
     if "code-lm" in FIXTURES:
         print("fixture: code-lm (the first build trains it for a few minutes; cached afterwards)", flush=True)
@@ -54,7 +54,7 @@ def _fixture_summary(model_dir: Path) -> str:
 
 def run_demo(quick: bool = False) -> int:
     """Run the demo; 0 when every greedy output matched speculation off, 1 if not, 2 on failure."""
-    from vllm_treespec.fixtures.corpus import held_out_prompts
+    from vllm_treespec.train.corpus import held_out_prompts
 
     size = QUICK if quick else FULL
     print(hardware_line(), flush=True)
@@ -66,7 +66,7 @@ def run_demo(quick: bool = False) -> int:
     print(f"{len(prompts)} held-out code prompts, max_tokens {size['max_tokens']}, greedy, "
           f"concurrency 1; treespec {preset} K={DEMO_K}", flush=True)
     if preset == DEMO_PRESET:
-        from vllm_treespec.ngram.fixture import build_trie_fixture
+        from treespec_fixtures.tries import build_trie_fixture
 
         print("trie: code-lm-distill-5gram (the first build generates with the model for ~2 minutes; "
               "cached afterwards)", flush=True)

@@ -50,8 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-prompts", type=int, default=16)
     p.add_argument("--seed", type=int, default=11)
     ns = p.parse_args(argv)
-    from vllm_treespec.fixtures import build_fixture
-    from vllm_treespec.ngram.fixture import build_trie_fixture
+    from treespec_fixtures import build_fixture
+    from treespec_fixtures.tries import build_trie_fixture
 
     model = Path(build_fixture("code-lm"))
     trie = Path(build_trie_fixture("code-lm-distill-5gram", model))

@@ -390,7 +390,7 @@ def measure_draft_lm(cfg: Settings, shape: LlamaShape, attention: AttentionOp) -
 def head_configs(target: LlamaShape) -> dict[str, Any]:
     """The project's head configs scaled to the target: EAGLE-3 feature layers of the target,
     the target's attention / MLP shape, depth 8; DART 1 layer, JetSpec / diffusion 2 layers
-    (fixtures/heads.py), diffusion = bidirectional attention inside the block."""
+    (benchmarks/treespec_fixtures/heads.py), diffusion = bidirectional attention inside the block."""
     from vllm_treespec.drafters.heads.dart import DartConfig, eagle3_layers
     from vllm_treespec.drafters.heads.jetspec import JetSpecConfig
 

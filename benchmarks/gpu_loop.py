@@ -729,11 +729,11 @@ def fixture_paths(model: Path | None, trie: Path | None) -> tuple[Path, Path]:
     """The code-LM fixture and its distilled trie where not given (cached; built when missing,
     which takes minutes): what tests/conftest.py's fixtures use."""
     if model is None:
-        from vllm_treespec.fixtures import build_fixture
+        from treespec_fixtures import build_fixture
 
         model = build_fixture("code-lm")
     if trie is None:
-        from vllm_treespec.ngram.fixture import build_trie_fixture
+        from treespec_fixtures.tries import build_trie_fixture
 
         trie = build_trie_fixture("code-lm-distill-5gram", model)
     return Path(model), Path(trie)

@@ -3,6 +3,7 @@
 For each config (no speculation, treespec with fixed budgets, with the CPU budget table, with the
 auto budget) one server is started; for each user count locust runs `benchmarks/locustfile.py`
 headless for --seconds, and the run's output tokens per second (all OK requests' tokens / the span
+import treespec_fixtures  # noqa: F401  (fixture: paths and demo/ presets, here and in servers)
 from the first request's start to the last one's end), TTFT and TPOT percentiles, failures and
 the server's spec-decode counters are recorded. Writes JSON + CSV + PNG (throughput and TPOT vs
 users) to benchmarks/results/.
@@ -142,7 +143,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vllm_treespec.fixtures import build_fixture
+    from treespec_fixtures import build_fixture
     from harness.report import hardware_info, hardware_line, software_info
     from harness.serving import scrape_spec_metrics, serve
 

@@ -76,7 +76,7 @@ def load_prompts(seed: int) -> list[tuple[str, str]]:
     chat-like questions, plus docstring questions built from the same code."""
     prompts = [("chat", q) for q in CHAT_LIKE]
     try:
-        from vllm_treespec.fixtures.corpus import held_out_prompts
+        from vllm_treespec.train.corpus import held_out_prompts
     except ImportError:
         return prompts
     for n, chars in ((12, 200), (12, 600), (6, 1500)):

@@ -7,6 +7,7 @@ sizes). For diagnosing decisions, not a speed comparison (no paired baseline: us
 """
 from __future__ import annotations
 
+import treespec_fixtures  # noqa: F401  (fixture: paths and demo/ presets, here and in servers)
 import argparse
 import json
 import os
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     from vllm import LLM, SamplingParams
 
     from unseen_prompts import build_prompts
-    from vllm_treespec.fixtures import build_fixture
+    from treespec_fixtures import build_fixture
     from harness.report import hardware_info, software_info
 
     model = str(build_fixture("code-lm"))

@@ -11,8 +11,8 @@ torch.set_num_threads(1)
 import replay_tau as rt
 from vllm_treespec.config import from_additional_config
 from vllm_treespec.drafters import make_drafter
-from vllm_treespec.fixtures import build_fixture
-from vllm_treespec.fixtures.corpus import held_out_prompts
+from treespec_fixtures import build_fixture
+from vllm_treespec.train.corpus import held_out_prompts
 from transformers import AutoModelForCausalLM
 model_dir = build_fixture("code-lm")
 records = rt.reference_outputs(model_dir, held_out_prompts(16, seed=0), 128)[:4]

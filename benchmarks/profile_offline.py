@@ -14,6 +14,7 @@ cumulative / steps); with --no-profile, tokens/s and process CPU seconds of 3 pa
 """
 from __future__ import annotations
 
+import treespec_fixtures  # noqa: F401  (fixture: paths and demo/ presets, here and in servers)
 import os
 import sys
 import time
@@ -29,8 +30,8 @@ def main(argv: list[str]) -> int:
     from vllm import LLM, SamplingParams
 
     from harness.comparison import ngram_engine_kwargs, treespec_engine_kwargs, treespec_value
-    from vllm_treespec.fixtures import build_fixture
-    from vllm_treespec.fixtures.corpus import held_out_prompts
+    from treespec_fixtures import build_fixture
+    from vllm_treespec.train.corpus import held_out_prompts
 
     mode, profile = argv[0], "--no-profile" not in argv
     k = int(argv[1]) if len(argv) > 1 and argv[1].isdigit() else 8
@@ -39,7 +40,7 @@ def main(argv: list[str]) -> int:
         kw = ngram_engine_kwargs(k)
     elif mode != "off":                                         # preset, YAML path or inline JSON
         kw = treespec_engine_kwargs(k, treespec_value(mode))
-    from vllm_treespec.fixtures.prebuild import prebuild_engine_fixtures
+    from treespec_fixtures.prebuild import prebuild_engine_fixtures
 
     model = str(build_fixture("code-lm"))
     prebuild_engine_fixtures(kw, model)                         # on every core, not in the pinned worker

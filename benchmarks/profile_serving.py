@@ -14,6 +14,7 @@ Needs py-spy (`pip install py-spy`, any location; pass --py-spy if it is not on 
 """
 from __future__ import annotations
 
+import treespec_fixtures  # noqa: F401  (fixture: paths and demo/ presets, here and in servers)
 import argparse
 import collections
 import json
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench_matrix import parse_configs, serve_args_default_dtype
     from bench_serving import resolve_model
     from unseen_prompts import build_prompts
-    from vllm_treespec.fixtures.prebuild import prebuild_engine_fixtures
+    from treespec_fixtures.prebuild import prebuild_engine_fixtures
     from harness.report import hardware_info, hardware_line
     from harness.serving import CPU_SERVE_ARGS
 

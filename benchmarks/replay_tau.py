@@ -27,6 +27,7 @@ each step hands over the rows committed since the previous one, as the engine do
 """
 from __future__ import annotations
 
+import treespec_fixtures  # noqa: F401  (fixture: paths and demo/ presets, here and in servers)
 import argparse
 import hashlib
 import json
@@ -80,7 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def reference_outputs(model_dir: Path, prompts: Sequence[str], max_tokens: int) -> list[dict]:
     """[{prompt_ids, output_ids}] of vLLM greedy decoding without speculation (cached)."""
-    from vllm_treespec.fixtures.cache import cache_root
+    from treespec_fixtures.cache import cache_root
 
     meta = (model_dir / "fixture.json").read_text() if (model_dir / "fixture.json").exists() else str(model_dir)
     key = hashlib.sha256(json.dumps([meta, list(prompts), max_tokens]).encode()).hexdigest()[:16]
@@ -182,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     ns = parse_args(argv)
     from vllm_treespec.config import from_additional_config
     from vllm_treespec.drafters import make_drafter
-    from vllm_treespec.fixtures import build_fixture
-    from vllm_treespec.fixtures.corpus import held_out_prompts
+    from treespec_fixtures import build_fixture
+    from vllm_treespec.train.corpus import held_out_prompts
 
     model_dir = build_fixture(ns.fixture)
     prompts = held_out_prompts(ns.num_prompts, seed=ns.seed)

@@ -25,6 +25,7 @@ over the mean of its first three samples.
 """
 from __future__ import annotations
 
+import treespec_fixtures  # noqa: F401  (fixture: paths and demo/ presets, here and in servers)
 import argparse
 import json
 import os
@@ -218,8 +219,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     from harness.comparison import treespec
-    from vllm_treespec.fixtures import build_fixture
-    from vllm_treespec.fixtures.corpus import held_out_prompts
+    from treespec_fixtures import build_fixture
+    from vllm_treespec.train.corpus import held_out_prompts
     from harness.report import hardware_info, software_info
     from harness.serving import serve
 

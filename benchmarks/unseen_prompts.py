@@ -1,7 +1,7 @@
 """Unseen code prompts: function heads (signature + docstring) from third-party packages.
 
 The code-LM fixtures (and the tries distilled from them) were trained on the Python standard
-library (`vllm_treespec.fixtures.corpus`), so prompts cut from stdlib files, even held-out ones,
+library (`vllm_treespec.train.corpus`), so prompts cut from stdlib files, even held-out ones,
 share its idioms. These prompts come from the third-party packages installed in the running
 interpreter's site-packages instead (jinja2, pydantic, requests, ... whatever is present): each
 one is a function's `def` line(s) and docstring, dedented, ending after the docstring, so the
@@ -138,7 +138,7 @@ def function_heads(source: str, min_chars: int = MIN_CHARS, max_chars: int = MAX
 
 @functools.lru_cache(maxsize=1)
 def _stdlib_text() -> str:
-    from vllm_treespec.fixtures.corpus import read_text, stdlib_files
+    from vllm_treespec.train.corpus import read_text, stdlib_files
 
     return "\n".join(read_text(p) for p in stdlib_files())
 

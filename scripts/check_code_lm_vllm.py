@@ -20,8 +20,8 @@ def main() -> None:
 
     from vllm import LLM, SamplingParams
 
-    from vllm_treespec.fixtures import build_fixture
-    from vllm_treespec.fixtures.corpus import held_out_prompts
+    from treespec_fixtures import build_fixture
+    from vllm_treespec.train.corpus import held_out_prompts
 
     prompts = held_out_prompts(ns.prompts, prompt_chars=400)
     params = SamplingParams(temperature=0.0, max_tokens=ns.max_tokens)

@@ -13,6 +13,10 @@ import torch
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 if str(BENCHMARKS) not in sys.path:
     sys.path.insert(0, str(BENCHMARKS))
+# The lab's fixtures (benchmarks/treespec_fixtures/, not installed): importing them makes
+# `fixture:NAME` paths and `demo/NAME` presets resolve here and in the engines and servers the
+# tests start (it exports TREESPEC_PATH_RESOLVER and benchmarks/ on PYTHONPATH).
+import treespec_fixtures  # noqa: E402,F401
 
 # Triton kernel tests (tests/test_kernels_*.py) run in Triton's CPU interpreter when there is no
 # GPU. triton 3.9 reads TRITON_INTERPRET when each @triton.jit function is decorated, including
@@ -25,7 +29,7 @@ if not torch.cuda.is_available():
 
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
-    from vllm_treespec.fixtures import build_fixture
+    from treespec_fixtures import build_fixture
 
     return build_fixture("tiny")
 
@@ -33,7 +37,7 @@ def tiny_model() -> Path:
 @pytest.fixture(scope="session")
 def tiny_vocab_model() -> Path:
     """A random Qwen3 with a 16-token vocabulary and no tokenizer (distribution tests)."""
-    from vllm_treespec.fixtures import build_fixture
+    from treespec_fixtures import build_fixture
 
     return build_fixture("tiny-vocab")
 
@@ -41,7 +45,7 @@ def tiny_vocab_model() -> Path:
 @pytest.fixture(scope="session")
 def code_lm_model() -> Path:
     """The trained code-LM fixture (cached; about 10 minutes to train on a fresh machine)."""
-    from vllm_treespec.fixtures import build_fixture
+    from treespec_fixtures import build_fixture
 
     return build_fixture("code-lm")
 
@@ -50,7 +54,7 @@ def code_lm_model() -> Path:
 def code_lm_distilled_trie(code_lm_model) -> Path:
     """fixture:code-lm-distill-5gram, built before any engine starts (about 2 minutes fresh):
     engines would otherwise build it inside their worker, where the startup wait is shorter."""
-    from vllm_treespec.ngram.fixture import build_trie_fixture
+    from treespec_fixtures.tries import build_trie_fixture
 
     return build_trie_fixture("code-lm-distill-5gram", code_lm_model)
 

@@ -17,7 +17,7 @@ def run_engine(model: str | Path, engine: dict[str, Any], phases: list[dict[str,
                inspect_proposer: bool = False, timeout: float = 900, env: dict[str, str] | None = None,
                multiprocess: bool = False) -> dict:
     """Start `LLM(model, **engine)` in a fresh process, run `phases`, return the JSON result.
-    Fixtures the config names are built here first, on every core (fixtures/prebuild.py).
+    Fixtures the config names are built here first, on every core (benchmarks/treespec_fixtures/prebuild.py).
 
     `multiprocess` (default off): the engine core and the worker run in their own processes, as
     under `vllm serve`; otherwise inside the runner's. vLLM's CPU platform spawns them, and each
@@ -25,7 +25,7 @@ def run_engine(model: str | Path, engine: dict[str, Any], phases: list[dict[str,
     `benchmarks/results/bench_ci_costs.json`). The server tests and the tensor-parallel runs keep
     the spawned layout covered; `inspect_proposer` works in both (e2e_runner takes the flush step
     an in-process engine does not take by itself)."""
-    from vllm_treespec.fixtures.prebuild import prebuild_engine_fixtures
+    from treespec_fixtures.prebuild import prebuild_engine_fixtures
 
     prebuild_engine_fixtures(engine, model)
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,4 +1,4 @@
-"""The vllm-treespec console script: fixtures, config check / show, --version, serve's dry run
+"""The vllm-treespec console script: config check / show, --version, serve's dry run
 before vLLM starts (same exit codes as config check) with vLLM's own argument parser."""
 from __future__ import annotations
 
@@ -16,13 +16,6 @@ SPEC = json.dumps({"model": "vllm_treespec.TreeProposer", "num_speculative_token
 
 def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=timeout)
-
-
-def test_fixtures_prints_directory_last(tiny_model):
-    out = run("fixtures", "tiny")
-    assert out.returncode == 0, out.stderr
-    last = out.stdout.strip().splitlines()[-1]
-    assert Path(last) == tiny_model and (Path(last) / "config.json").exists()
 
 
 def test_config_check(tmp_path):

@@ -108,7 +108,7 @@ def test_cli_rejects_bad_flags_before_loading_anything(tmp_path, capsys):
 
 
 def test_distilled_fixture_refuses_another_tokenizer(tiny_model, code_lm_model):
-    from vllm_treespec.ngram.fixture import build_trie_fixture
+    from treespec_fixtures.tries import build_trie_fixture
 
     with pytest.raises(ValueError, match="code-lm-distill-5gram.*train trie"):
         build_trie_fixture("code-lm-distill-5gram", tiny_model)

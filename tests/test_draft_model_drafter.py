@@ -20,7 +20,7 @@ VOCAB = 61
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from vllm_treespec.fixtures.qwen3 import Qwen3Shape, new_model
+    from treespec_fixtures.qwen3 import Qwen3Shape, new_model
 
     shape = Qwen3Shape(vocab_size=VOCAB, hidden_size=48, num_layers=2, num_heads=4, num_kv_heads=2,
                        head_dim=12, intermediate_size=64, max_position_embeddings=256)
@@ -31,7 +31,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def mamba_dir(tmp_path_factory):
-    from vllm_treespec.fixtures.mamba_lm import Mamba2Shape, new_model
+    from treespec_fixtures.mamba_lm import Mamba2Shape, new_model
 
     shape = Mamba2Shape(vocab_size=VOCAB, hidden_size=32, num_layers=2, state_size=8, head_dim=16)
     d = tmp_path_factory.mktemp("mamba")
@@ -246,7 +246,7 @@ def test_bad_model_directories_name_the_key_and_fix(model_dir, tmp_path):
 
 def test_tokenizer_mismatch_is_a_startup_error(tmp_path):
     from vllm_treespec.drafters.lm.loading import DraftModelSpec, check_draft_model
-    from vllm_treespec.fixtures import build_fixture
+    from treespec_fixtures import build_fixture
 
     tiny = build_fixture("tiny")              # its own BPE tokenizer, unlike the draft fixtures
     draft = _copy(tiny, tmp_path)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from e2e import assert_same_outputs, greedy, run_engine, spec_config
-from vllm_treespec.fixtures import corpus
+from vllm_treespec.train import corpus
 
 pytestmark = pytest.mark.e2e
 

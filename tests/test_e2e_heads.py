@@ -86,16 +86,16 @@ def test_head_greedy_equals_spec_off(runs, run):
 # (fixture head, drafter.type or, when tree is None, the shipped preset served as is, tree) on code-lm
 TRAINED = {"dart-chain": ("dart-head", "dart", {"builder": "chain"}),
            "dart-best_first": ("dart-head", "dart", {"builder": "best_first", "max_depth": 8}),
-           "dart-preset": ("dart-head", "demo/dart", None),             # configs/demo/dart.yaml
-           "jetspec-preset": ("jetspec-head", "demo/jetspec", None),    # configs/demo/jetspec.yaml
+           "dart-preset": ("dart-head", "demo/dart", None),             # treespec_fixtures/demo/dart.yaml
+           "jetspec-preset": ("jetspec-head", "demo/jetspec", None),    # treespec_fixtures/demo/jetspec.yaml
            "diffusion-preset": ("diffusion-head", "demo/diffusion-presto", None)}   # demo/diffusion-presto
 
 
 @pytest.fixture(scope="module")
 def trained_runs(code_lm_model):
     """The code-LM fixture served with its trained fixture heads (held-out code prompts)."""
-    from vllm_treespec.fixtures import build_fixture
-    from vllm_treespec.fixtures.corpus import held_out_prompts
+    from treespec_fixtures import build_fixture
+    from vllm_treespec.train.corpus import held_out_prompts
 
     prompts = held_out_prompts(8, 400, seed=3)
     phases = [{"name": "c8", "concurrency": 8, "prompts": prompts, "sampling": [greedy(48)] * len(prompts)}]
@@ -127,7 +127,7 @@ TINY_KV = dict(dtype="float32", enforce_eager=True, max_model_len=512, max_num_s
 
 @pytest.fixture(scope="module")
 def preempt_runs(tiny_model, random_heads):
-    from vllm_treespec.fixtures import corpus
+    from vllm_treespec.train import corpus
 
     prompts = corpus.held_out_prompts(4, prompt_chars=300, seed=11) * 2
     phases = [{"name": "preemption", "concurrency": 8, "prompts": prompts, "sampling": [greedy(96)] * 8}]

@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from vllm_treespec.fixtures.corpus import held_out_prompts
+from vllm_treespec.train.corpus import held_out_prompts
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_treespec.fixtures import build_fixture
-from vllm_treespec.fixtures.cache import cached_build, recipe_key
+from treespec_fixtures import build_fixture
+from treespec_fixtures.cache import cached_build, recipe_key
 
 
 def test_builds_once_then_finds_it(tmp_path, monkeypatch):
@@ -33,3 +33,26 @@ def test_clears_what_a_killed_build_left(tmp_path, monkeypatch):
 def test_unknown_fixture_names_the_nearest_one():
     with pytest.raises(ValueError, match=r"unknown fixture 'dart-haed' \(did you mean 'dart-head'\?\)"):
         build_fixture("dart-haed")
+
+
+def test_lab_cli_prints_the_fixture_path_last(tiny_model):
+    """`python -m treespec_fixtures NAME` (benchmarks/ on PYTHONPATH: tests/conftest.py exports it)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = subprocess.run([sys.executable, "-m", "treespec_fixtures", "tiny"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    last = out.stdout.strip().splitlines()[-1]
+    assert Path(last) == tiny_model and (Path(last) / "config.json").exists()
+
+
+def test_moving_the_lab_kept_the_cache_keys():
+    """CI caches the heavy fixtures by recipe key (rebuilding them takes tens of minutes): the
+    recipes name no module path, except the distilled tries' prompt source, kept verbatim."""
+    from treespec_fixtures.code_lm import CODE_LM_RECIPE
+    from treespec_fixtures.tries import DISTILLED_PROMPTS_SOURCE
+
+    assert recipe_key(CODE_LM_RECIPE) == "abc093f6f38d"
+    assert DISTILLED_PROMPTS_SOURCE == "vllm_treespec.fixtures.corpus.training_prompts"

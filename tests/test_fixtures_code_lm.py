@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from vllm_treespec.fixtures import corpus
-from vllm_treespec.fixtures.cache import recipe_key
-from vllm_treespec.fixtures.code_lm import CODE_LM_RECIPE, DRAFT_LM_RECIPE, TOKENIZER_FILES
+from vllm_treespec.train import corpus
+from treespec_fixtures.cache import recipe_key
+from treespec_fixtures.code_lm import CODE_LM_RECIPE, DRAFT_LM_RECIPE, TOKENIZER_FILES
 
 
 def test_held_out_files_never_in_training_list() -> None:
@@ -31,7 +31,7 @@ def test_recipes_differ_and_share_tokenizer_settings() -> None:
 
 
 def test_lr_schedule_warms_up_then_decays() -> None:
-    from vllm_treespec.fixtures.train_lm import TrainConfig, lr_at
+    from treespec_fixtures.train_lm import TrainConfig, lr_at
 
     cfg = TrainConfig(steps=100, batch_size=1, seq_len=8, lr=1e-3, warmup_steps=10)
     lrs = [lr_at(s, cfg) for s in range(cfg.steps)]
@@ -42,7 +42,7 @@ def test_lr_schedule_warms_up_then_decays() -> None:
 
 @pytest.fixture(scope="module")
 def lm_dirs() -> tuple[Path, Path]:
-    from vllm_treespec.fixtures import build_fixture
+    from treespec_fixtures import build_fixture
 
     return build_fixture("code-lm"), build_fixture("draft-lm")
 

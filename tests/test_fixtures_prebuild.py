@@ -1,6 +1,7 @@
 """prebuild_fixtures: the fixtures a config names are built by the caller (on every core) before
 an engine starts, not by vLLM's core-pinned worker; configs that name none build nothing, and
-configs the engine would reject build nothing in the test/benchmark path."""
+configs the engine would reject build nothing in the test/benchmark path. `vllm-treespec serve`
+does the same for every prefixed path (vllm_treespec.paths.prebuild_paths)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,7 +10,7 @@ import pytest
 
 from harness.comparison import treespec_engine_kwargs
 from vllm_treespec.config import ConfigError, load_config
-from vllm_treespec.fixtures.prebuild import config_fixtures, prebuild_engine_fixtures, prebuild_fixtures
+from treespec_fixtures.prebuild import config_fixtures, prebuild_engine_fixtures, prebuild_fixtures
 
 
 @pytest.fixture
@@ -27,8 +28,8 @@ def builds(monkeypatch):
             raise ValueError(f"trie fixture {name!r} is counted from code-lm's continuations")
         return Path(f"/cache/{name}.trie")
 
-    monkeypatch.setattr("vllm_treespec.fixtures.registry.build_fixture", model)
-    monkeypatch.setattr("vllm_treespec.ngram.fixture.build_trie_fixture", trie)
+    monkeypatch.setattr("treespec_fixtures.registry.build_fixture", model)
+    monkeypatch.setattr("treespec_fixtures.tries.build_trie_fixture", trie)
     return calls
 
 
@@ -47,8 +48,9 @@ def test_prebuild_builds_models_heads_and_tries(builds, tmp_path):
     prebuild_fixtures(load_config("demo/dart", None), None)        # no tokenizer: the trie is left to the engine
     assert builds == [("model", "dart-head")]
     builds.clear()
-    prebuild_fixtures(load_config({"drafter": {"type": "ngram_trie", "path": "fixture:nope"}}, None), tmp_path)
-    assert builds == []                                       # not a fixture: the engine names the key
+    with pytest.raises(ConfigError, match="drafter.path: unknown trie fixture 'fixture:nope'"):
+        prebuild_fixtures(load_config({"drafter": {"type": "ngram_trie", "path": "fixture:nope"}}, None), tmp_path)
+    assert builds == []                                       # not a fixture: nothing built, the key named
 
 
 def test_prebuild_error_names_the_key(builds, tmp_path):

@@ -290,10 +290,10 @@ def test_load_and_config_errors(model, tmp_path: Path) -> None:
 
 
 def test_mamba_fixture_recipe_matches_the_code_lm_fixtures() -> None:
-    from vllm_treespec.fixtures import FIXTURES
-    from vllm_treespec.fixtures.cache import recipe_key
-    from vllm_treespec.fixtures.code_lm import DRAFT_LM_RECIPE
-    from vllm_treespec.fixtures.mamba_lm import MAMBA_DRAFT_LM_RECIPE, MAMBA_SHAPE, hf_config
+    from treespec_fixtures import FIXTURES
+    from treespec_fixtures.cache import recipe_key
+    from treespec_fixtures.code_lm import DRAFT_LM_RECIPE
+    from treespec_fixtures.mamba_lm import MAMBA_DRAFT_LM_RECIPE, MAMBA_SHAPE, hf_config
 
     assert FIXTURES["mamba-draft-lm"][0] is MAMBA_DRAFT_LM_RECIPE
     assert recipe_key(MAMBA_DRAFT_LM_RECIPE) != recipe_key(DRAFT_LM_RECIPE)
@@ -309,10 +309,10 @@ def test_mamba_fixture_recipe_matches_the_code_lm_fixtures() -> None:
 def test_mamba_fixture_beats_unigram_and_matches_runtime(one_torch_thread) -> None:
     from transformers import Mamba2ForCausalLM
 
-    from vllm_treespec.fixtures import build_fixture
-    from vllm_treespec.fixtures.code_lm import EVAL, TOKENIZER_FILES, load_tokens, tokenizer_dir
-    from vllm_treespec.fixtures.mamba_lm import unigram_perplexity
-    from vllm_treespec.fixtures.train_lm import eval_windows, perplexity
+    from treespec_fixtures import build_fixture
+    from treespec_fixtures.code_lm import EVAL, TOKENIZER_FILES, load_tokens, tokenizer_dir
+    from treespec_fixtures.mamba_lm import unigram_perplexity
+    from treespec_fixtures.train_lm import eval_windows, perplexity
 
     d = build_fixture("mamba-draft-lm")
     meta = json.loads((d / "fixture.json").read_text())

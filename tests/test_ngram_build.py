@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from harness.dict_trie import DictTrie
-from vllm_treespec.fixtures import corpus
+from vllm_treespec.train import corpus
 from vllm_treespec.ngram import NgramTrie, build_trie, build_trie_from_streams, tokenizer_fingerprint
 from vllm_treespec.ngram.tokenizer import encode_batch, load_tokenizer
 

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from vllm_treespec.cli import main
-from vllm_treespec.ngram.fixture import resolve_trie_path
 
 
 @pytest.fixture()
@@ -62,23 +61,3 @@ def test_cli_errors(tmp_path, tiny_model, capsys):
 
     assert main(["ngram", "build", "--order", "3", "--out", str(out), "--quiet", str(tmp_path / "none")]) == 2
     assert "does not exist" in capsys.readouterr().err
-
-
-def test_resolve_trie_path(tmp_path, tiny_model):
-    assert resolve_trie_path(str(tmp_path / "x.trie"), None) == tmp_path / "x.trie"
-    with pytest.raises(ValueError, match="fixture:stdlib-3gram"):
-        resolve_trie_path("fixture:nope", tiny_model)
-    with pytest.raises(ValueError, match="tokenizer"):
-        resolve_trie_path("fixture:stdlib-3gram", None)
-
-
-@pytest.mark.slow
-def test_stdlib_fixture_trie(tiny_model):
-    """The stdlib-3gram fixture builds (or is reused) for a tokenizer and carries its fingerprint."""
-    from vllm_treespec.ngram import NgramTrie, tokenizer_fingerprint
-
-    path = resolve_trie_path("fixture:stdlib-3gram", tiny_model)
-    assert resolve_trie_path("fixture:stdlib-3gram", tiny_model) == path  # cached
-    trie = NgramTrie.load(path, expected_fingerprint=tokenizer_fingerprint(tiny_model))
-    assert trie.order == 3 and trie.stats()["total_tokens"] > 1_000_000
-    assert trie.stats()["bytes_per_node"] <= 16

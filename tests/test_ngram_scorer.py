@@ -119,9 +119,9 @@ def trie_table(trie: NgramTrie, rng: np.random.Generator, depth: int, k: int) ->
 
 @pytest.fixture(scope="module")
 def fixture_trie(tiny_model) -> NgramTrie:
-    from vllm_treespec.ngram import resolve_trie_path
+    from treespec_fixtures.tries import build_trie_fixture
 
-    return NgramTrie.load(resolve_trie_path("fixture:stdlib-3gram", tiny_model))
+    return NgramTrie.load(build_trie_fixture("stdlib-3gram", tiny_model))
 
 
 @pytest.mark.parametrize("scorer", SCORERS)

@@ -147,7 +147,7 @@ def test_dart_ngram_trie_is_checked_under_its_own_key(tmp_path):
     cfg = load_config({"drafter": {"type": "dart", "path": str(tmp_path / "head"),
                                    "ngram": str(tmp_path / "none.trie")}})
     e = _fails(cfg)
-    assert e.code == EXIT_FILE and e.key == "drafter.ngram" and "drafter.ngram: fixture:stdlib-3gram" in str(e)
+    assert e.code == EXIT_FILE and e.key == "drafter.ngram" and "vllm-treespec ngram build" in str(e)
 
 
 def test_trie_check_imports_neither_torch_nor_vllm(good_trie, tiny_model):
@@ -276,7 +276,7 @@ def test_fixture_paths_are_not_built(tmp_path, monkeypatch, tiny_model):
 
 
 def test_cached_fixture_is_checked_like_a_file(tiny_model):
-    from vllm_treespec.ngram.fixture import build_trie_fixture
+    from treespec_fixtures.tries import build_trie_fixture
 
     path = build_trie_fixture("stdlib-3gram", tiny_model)       # seconds for the tiny tokenizer
     line = check_deployment(_trie_config("fixture:stdlib-3gram"), tiny_model, check_vllm=False)[-1]
@@ -286,11 +286,10 @@ def test_cached_fixture_is_checked_like_a_file(tiny_model):
 
 def test_fixture_cache_paths_match_the_cache(tiny_model):
     """preflight finds a fixture's directory without building it; it must be the one
-    fixtures/cache.py builds (a drift would report cached fixtures as missing)."""
-    from vllm_treespec.ngram.fixture import PREFIX
+    the lab's cache.py builds (a drift would report cached fixtures as missing)."""
+    from treespec_fixtures.resolver import registry_fixture_dir
 
-    assert preflight._registry_fixture_dir("tiny") == (tiny_model, True)
-    assert preflight.FIXTURE_PREFIX == PREFIX
+    assert registry_fixture_dir("tiny") == (tiny_model, True)
 
 
 def test_unknown_and_mismatched_fixture_names(tiny_model):

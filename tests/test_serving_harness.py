@@ -162,8 +162,8 @@ def test_hardware_info_has_cpu_and_cores():
 def test_served_treespec_matches_no_spec_under_concurrency():
     """Two servers (~30 s each): greedy outputs of treespec prompt lookup equal no speculation at
     concurrency 2, and the spec-decode counters are exported and consistent."""
-    from vllm_treespec.fixtures import build_fixture
-    from vllm_treespec.fixtures.corpus import held_out_prompts
+    from treespec_fixtures import build_fixture
+    from vllm_treespec.train.corpus import held_out_prompts
     from harness.serving import run_load, scrape_spec_metrics, serve
 
     model = build_fixture("tiny")

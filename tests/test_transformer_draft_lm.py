@@ -18,7 +18,7 @@ TOL = dict(atol=2e-4, rtol=0)
 
 
 def _qwen3(seed: int = 0):
-    from vllm_treespec.fixtures.qwen3 import Qwen3Shape, new_model
+    from treespec_fixtures.qwen3 import Qwen3Shape, new_model
 
     shape = Qwen3Shape(vocab_size=VOCAB, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                        head_dim=16, intermediate_size=96, max_position_embeddings=512)

@@ -1,5 +1,6 @@
 """The built wheel is what an operator installs: it must carry the presets, serve from outside
-the checkout, and hold nothing of the lab (harness, demo, test helpers, references).
+the checkout, and hold nothing of the lab (harness, demo, fixtures and their demo presets, test
+helpers, references).
 
 One module-scoped build (`pip wheel --no-deps`, compiling the C++ extension: about a minute on
 the 2-core VM), listed as it is, then installed with `pip install --no-deps --target` into an
@@ -24,10 +25,13 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-# What the lab keeps out of the package (benchmarks/harness/, benchmarks/demo.py, tests/support/):
-# any of these paths in the wheel fails test_the_wheel_holds_no_lab_module.
+# What the lab keeps out of the package (benchmarks/harness/, benchmarks/demo.py,
+# benchmarks/treespec_fixtures/, tests/support/): any of these paths in the wheel fails
+# test_the_wheel_holds_no_lab_module.
 LAB_FILES = re.compile(r"""^vllm_treespec/(
       (serving|comparison|report|demo)\.py             # the serving/benchmark harness and demo
+    | fixtures/.* | ngram/fixture\.py                   # fixture models, heads and tries
+    | configs/demo/.*                                  # the presets on the fixtures
     | verify/bench\.py                                 # the acceptance-rule timer
     | (.+/)?testing\.py                                # test helpers
     | (.+/)?reference\.py                              # plain references of the fast paths
@@ -82,8 +86,9 @@ def test_the_wheel_holds_no_lab_module(wheel):
 
 
 def _outside(installed: Path, tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python ARGS` from a directory outside the checkout, the wheel's install first on the path."""
-    env = {**os.environ, "PYTHONPATH": str(installed)}
+    """`python ARGS` from a directory outside the checkout, the wheel's install first on the path
+    (and no lab resolver: tests/conftest.py exports one)."""
+    env = {**os.environ, "PYTHONPATH": str(installed), "TREESPEC_PATH_RESOLVER": ""}
     return subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=timeout)
 
@@ -96,20 +101,28 @@ def test_the_wheel_is_imported_not_the_checkout(installed, tmp_path):
 
 
 def test_every_shipped_preset_resolves_from_the_wheel(installed, tmp_path):
-    """Production presets load or fail naming the file they need; demo presets load; every
-    preset file of the checkout is in the wheel."""
+    """Production presets load or fail naming the file they need; every preset file of the
+    checkout is in the wheel; the lab's demo/ presets and fixture: paths are not, and say so."""
     script = """
 import json
 from vllm_treespec.config import ConfigError, load_config
-from vllm_treespec.presets import budget_presets, configs_dir, demo_presets, drafter_presets
-out = {"dir": str(configs_dir()), "ok": [], "needs_file": [], "budgets": budget_presets()}
-for name in drafter_presets() + demo_presets():
+from vllm_treespec.presets import budget_presets, configs_dir, drafter_presets, registered_presets
+out = {"dir": str(configs_dir()), "ok": [], "needs_file": [], "budgets": budget_presets(),
+       "registered": registered_presets()}
+for name in drafter_presets():
     try:
         load_config(name, 64)
         out["ok"].append(name)
     except ConfigError as e:
         assert "required key is missing" in str(e) and '"preset": "' + name + '"' in str(e), str(e)
         out["needs_file"].append(name)
+for lab in ("demo/lookup-trie", {"drafter": {"type": "draft_model", "path": "fixture:draft-lm"}}):
+    try:
+        load_config(lab, 64)
+        from vllm_treespec.drafters.lm.loading import resolve_model_dir
+        resolve_model_dir(lab["drafter"]["path"])
+    except Exception as e:
+        out.setdefault("lab", []).append(str(e))
 print(json.dumps(out))
 """
     out = _outside(installed, tmp_path, "-c", script)
@@ -117,10 +130,11 @@ print(json.dumps(out))
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert Path(got["dir"]).is_relative_to(installed)
     shipped = ROOT / "vllm_treespec" / "configs"
-    assert sorted(got["ok"] + got["needs_file"]) == sorted(
-        [p.stem for p in (shipped / "drafters").glob("*.yaml")] + [f"demo/{p.stem}" for p in (shipped / "demo").glob("*.yaml")])
-    assert {"prompt-lookup", "prompt-lookup-tree"} <= set(got["ok"])
-    assert all(n.startswith("demo/") for n in got["ok"] if n not in ("prompt-lookup", "prompt-lookup-tree"))
+    assert sorted(got["ok"] + got["needs_file"]) == sorted(p.stem for p in (shipped / "drafters").glob("*.yaml"))
+    assert set(got["ok"]) == {"prompt-lookup", "prompt-lookup-tree"} and got["registered"] == []
+    demo, fixture = got["lab"]
+    assert "'demo/lookup-trie' not found" in demo and "TREESPEC_PATH_RESOLVER=treespec_fixtures.resolver" in demo
+    assert fixture.startswith("drafter.path: 'fixture:draft-lm': no resolver handles the prefix 'fixture:'")
     assert got["budgets"] == sorted(p.stem for p in (shipped / "budgets").glob("*.yaml"))
 
 
@@ -138,7 +152,8 @@ def test_wheel_serves_prompt_lookup_from_outside_the_checkout(installed, tmp_pat
     from harness.serving import complete, serve
 
     monkeypatch.chdir(tmp_path)
-    with serve(tiny_model, treespec(4, "prompt-lookup").args, env={"PYTHONPATH": str(installed)},
+    with serve(tiny_model, treespec(4, "prompt-lookup").args, env={"PYTHONPATH": str(installed),
+                                                                   "TREESPEC_PATH_RESOLVER": ""},
                keep_log=True) as server:
         done = complete(server.base_url, server.model, "def add(a, b):\n    return", max_tokens=8)
         log = server.log_path.read_text()

@@ -6,7 +6,6 @@
                                                        first request (vllm_treespec/preflight.py)
   vllm-treespec config show CONFIG                     the config with its presets merged in (YAML)
   vllm-treespec config reference                       the config reference table
-  vllm-treespec fixtures NAME                          build or reuse a fixture, print its dir
   vllm-treespec ngram ... / train ...                  trie files and draft-head training
   vllm-treespec --version
 
@@ -14,19 +13,13 @@
 0 ok, 2 bad command line, 3 bad config, 4 a file the config names is missing or corrupt, 5 a file
 made for another model, 6 vLLM missing or not the supported version.
 
-The demo is not a subcommand: it runs from a checkout (`make demo`, benchmarks/demo.py).
+The demo and the fixtures are not subcommands: they run from a source checkout (`make demo`,
+benchmarks/demo.py; `python -m treespec_fixtures NAME`).
 """
 from __future__ import annotations
 
 import argparse
 import sys
-
-
-def cmd_fixtures(ns: argparse.Namespace) -> int:
-    from vllm_treespec.fixtures import build_fixture
-
-    print(build_fixture(ns.name))
-    return 0
 
 
 def cmd_config(ns: argparse.Namespace) -> int:
@@ -59,8 +52,6 @@ def cmd_config(ns: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vllm_treespec.fixtures import FIXTURES
-
     from vllm_treespec import SUPPORTED_VLLM_VERSION, __version__
 
     p = argparse.ArgumentParser(prog="vllm-treespec", description="Tree speculative decoding for vLLM")
@@ -69,9 +60,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("serve", help="vLLM's OpenAI server: vllm-treespec serve MODEL [vllm serve flags]",
                    add_help=False)
-    fx = sub.add_parser("fixtures", help="build or reuse a fixture model; prints its directory last")
-    fx.add_argument("name", choices=sorted(FIXTURES))
-    fx.set_defaults(func=cmd_fixtures)
     cfg = sub.add_parser("config", help="dry-run a deployment config, show it merged, or print the reference")
     cfg.add_argument("action", choices=["check", "show", "reference"])
     cfg.add_argument("path", nargs="?", metavar="CONFIG", help="a preset name or a YAML path")

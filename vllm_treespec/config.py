@@ -2,7 +2,8 @@
 
 Given to vLLM as `--additional-config '{"treespec": PATH_OR_MAPPING}'`. PATH is a YAML file (an
 absolute path or one relative to the working directory) or a shipped preset's name
-(`prompt-lookup`, `demo/lookup-trie`; vllm_treespec/presets.py). A mapping (inline or in a file)
+(`prompt-lookup`; vllm_treespec/presets.py; a source checkout's lab adds `demo/lookup-trie` and the
+other `demo/` presets on its fixtures). A mapping (inline or in a file)
 may start from a preset with `preset: NAME` and override its keys.
 Validated once at startup (and by `vllm-treespec serve` before vLLM starts); any problem raises one
 `ConfigError` naming the key, what is allowed and how to fix it. Without a `treespec` entry the
@@ -79,10 +80,9 @@ class NgramTrieConfig:
     type: Literal["ngram_trie"] = spec(doc="Drafter kind.")
     path: str = spec(doc=(
         "Trie file (`vllm-treespec ngram build`, or `vllm-treespec train trie` for a self-distilled "
-        "one); its tokenizer fingerprint must match the served model's. Demos and tests name "
-        "fixtures: fixture:stdlib-3gram / fixture:stdlib-5gram (built on first use from the Python "
-        "stdlib with the served model's tokenizer), fixture:code-lm-distill-5gram (the code-LM "
-        "fixture's own continuations)."), missing=_MAKE_TRIE)
+        "one); its tokenizer fingerprint must match the served model's. A source checkout's demos and "
+        "tests name lab fixtures instead (fixture:stdlib-3gram and others: treespec_fixtures, not "
+        "installed; vllm_treespec/paths.py)."), missing=_MAKE_TRIE)
     order: int | None = spec(None, ge=1, le=16, doc="Expected trie order; null accepts the file's.")
     k: int = spec(4, ge=1, le=64, doc="Continuations per node a tree builder may expand.")
     min_context: int = spec(1, ge=0, le=15, doc=(
@@ -96,7 +96,7 @@ class NgramTrieConfig:
 class LookupTrieConfig:
     """Prompt lookup mixed with a corpus n-gram trie in one tree (drafters/lookup_trie.py)."""
     type: Literal["lookup_trie"] = spec(doc="Drafter kind.")
-    path: str = spec(doc="Trie file or fixture (as ngram_trie.path).", missing=_MAKE_TRIE)
+    path: str = spec(doc="Trie file (as ngram_trie.path).", missing=_MAKE_TRIE)
     sampled_path: str | None = spec(None, doc=(
         "Trie for requests that sample (temperature > 0), e.g. one counted from the model's "
         "sampled continuations at the served temperature (`vllm-treespec train trie "
@@ -138,8 +138,8 @@ class DraftModelConfig:
     type: Literal["draft_model"] = spec(doc="Drafter kind.")
     path: str = spec(doc=(
         "Local Hugging Face model directory (config.json, weights, tokenizer files; architectures "
-        "Llama, Mistral, Qwen2, Qwen3, Mamba, Mamba-2), or fixture:draft-lm / fixture:mamba-draft-lm. "
-        "Its tokenizer must be the served model's."), missing=_MAKE_DRAFT)
+        "Llama, Mistral, Qwen2, Qwen3, Mamba, Mamba-2; the source checkout's lab also has "
+        "fixture:draft-lm / fixture:mamba-draft-lm). Its tokenizer must be the served model's."), missing=_MAKE_DRAFT)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = spec("auto", doc=(
         "Drafter weights and cache dtype; auto = the checkpoint's."))
     memory_mb: float = spec(2048.0, ge=1.0, le=1048576.0, doc=(
@@ -188,12 +188,13 @@ class DartConfig:
     type: Literal["dart"] = spec(doc="Drafter kind.")
     path: str = spec(doc=(
         "Head checkpoint directory (config.json + model.safetensors, from `vllm-treespec train dart` or "
-        "`train jetspec`), or a fixture head of the code-LM fixture (fixture:dart-head, fixture:jetspec-head, "
-        "fixture:diffusion-head). It must be a head of drafter.type's kind, trained for the served model."),
+        "`train jetspec`; the source checkout's lab has heads of its code-LM fixture: fixture:dart-head, "
+        "fixture:jetspec-head, fixture:diffusion-head). It must be a head of drafter.type's kind, "
+        "trained for the served model."),
         missing=_MAKE_HEAD)
     topk: int = spec(25, ge=1, le=256, doc="Candidates kept per depth (DART: k = 25).")
     ngram: str | None = spec(None, doc=(
-        "tree.scorer dart / presto: the n-gram trie giving rho (a trie file or fixture:stdlib-3gram); "
+        "tree.scorer dart / presto: the n-gram trie giving rho (a trie file); "
         "null = no n-gram signal."))
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = spec("auto", doc=(
         "Head weights and context-cache dtype; auto = the served model's. A head's draft forward "

@@ -6,8 +6,9 @@ dotted flag (`--speculative-config.num_speculative_tokens 8`) and `--config FILE
 exactly as in `vllm serve`. From the parsed arguments it takes the speculative and additional
 config and, when they name treespec's proposer, runs `preflight.check_deployment` (schema, files,
 tokenizers against the served model, vLLM version) before vLLM starts, so a bad file fails in
-seconds with the same message and exit code as `vllm-treespec config check`. Then it builds the
-fixtures a demo config names (on every core, not in vLLM's core-pinned worker) and hands over.
+seconds with the same message and exit code as `vllm-treespec config check`. Then it resolves the
+prefixed paths the config names (the source checkout's `fixture:NAME`, vllm_treespec/paths.py:
+built here on every core, not in vLLM's core-pinned worker) and hands over.
 """
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def served_model(parsed: argparse.Namespace) -> tuple[str | None, str | None]:
 
 def check_before_start(parsed: argparse.Namespace) -> list[str]:
     """The treespec dry run of a parsed `serve` command line (nothing for other methods), then
-    the fixtures a demo config names. Raises what preflight raises."""
+    the prefixed paths (the lab's fixtures) the config names. Raises what preflight raises."""
     from vllm_treespec.config import from_engine_args
     from vllm_treespec.preflight import check_deployment
 
@@ -68,10 +69,9 @@ def check_before_start(parsed: argparse.Namespace) -> list[str]:
     k = spec.get("num_speculative_tokens") if isinstance(spec, dict) else None
     checked = check_deployment(cfg, model, num_speculative_tokens=k if isinstance(k, int) else None,
                                tokenizer=tokenizer)
-    from vllm_treespec.fixtures.prebuild import prebuild_fixtures
+    from vllm_treespec.paths import prebuild_paths
 
-    tokenizer_dir = tokenizer or model
-    prebuild_fixtures(cfg, tokenizer_dir if tokenizer_dir and os.path.isdir(tokenizer_dir) else None)
+    prebuild_paths(cfg, tokenizer or model)
     return checked
 
 

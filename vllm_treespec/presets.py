@@ -6,9 +6,10 @@ so a wheel install resolves them exactly as a source checkout does:
 - `configs/drafters/NAME.yaml`: production presets, by name (`prompt-lookup`). Those whose drafter
   needs a file (a trie, a head checkpoint, a draft model) name none: they fail at startup with the
   key and the command that makes the file until one is given.
-- `configs/demo/NAME.yaml`: the same presets on the fixture files (`demo/NAME`), for `make demo`,
-  the benchmarks and the tests; not for another model (the fixtures' tokenizer is their own).
 - `configs/budgets/NAME.yaml`: budget tables (`budget.preset`).
+- `PREFIX/NAME`: NAME.yaml in a config directory registered for PREFIX (vllm_treespec/paths.py):
+  the source checkout's lab registers `demo/`, the production presets on its fixture files, for
+  `make demo`, the benchmarks and the tests. They are not installed.
 
 A config mapping may start from a preset and override keys: `{"preset": "lookup-trie", "drafter":
 {"path": "/data/code.trie"}}`. Mappings merge key by key (recursively); any other value replaces
@@ -23,10 +24,9 @@ from typing import Any, Callable, Mapping
 from vllm_treespec.schema import ConfigError, did_you_mean
 
 PRESET_KEY = "preset"
-DEMO_PREFIX = "demo/"
 MAX_PRESET_CHAIN = 8       # preset -> its preset -> ...: deeper is a loop or a mistake
 
-__all__ = ["configs_dir", "drafter_presets", "demo_presets", "budget_presets", "resolve_config_path",
+__all__ = ["configs_dir", "drafter_presets", "registered_presets", "budget_presets", "resolve_config_path",
            "resolve_budget_path", "expand_preset", "PRESET_KEY"]
 
 
@@ -45,9 +45,11 @@ def drafter_presets() -> list[str]:
     return _stems("drafters")
 
 
-def demo_presets() -> list[str]:
-    """Demo preset names, with their `demo/` prefix."""
-    return [DEMO_PREFIX + s for s in _stems("demo")]
+def registered_presets() -> list[str]:
+    """Preset names of the registered config directories, with their prefix (`demo/NAME`)."""
+    from vllm_treespec.paths import config_dirs
+
+    return sorted(prefix + p.stem for prefix, d in config_dirs().items() for p in d.glob("*.yaml"))
 
 
 def budget_presets() -> list[str]:
@@ -60,23 +62,29 @@ def _yaml_name(name: str) -> str:
 
 def resolve_config_path(name: str) -> Path:
     """A deployment config file: an existing path (absolute or relative to the working
-    directory), a production preset name, or `demo/NAME`."""
+    directory), a production preset name, or `PREFIX/NAME` of a registered config directory."""
+    from vllm_treespec.paths import ENV_RESOLVER, config_dirs
+
     path = Path(name).expanduser()
     candidates = [path]
     if not path.is_absolute():
-        if name.startswith(DEMO_PREFIX):
-            candidates.append(configs_dir() / "demo" / _yaml_name(name[len(DEMO_PREFIX):]))
+        prefix, _, rest = name.partition("/")
+        registered = config_dirs() if rest else {}
+        if prefix + "/" in registered:
+            candidates.append(registered[prefix + "/"] / _yaml_name(rest))
         else:
             candidates.append(configs_dir() / "drafters" / _yaml_name(name))
     for c in candidates:
         if c.is_file():
             return c.resolve()
-    names = drafter_presets() + demo_presets()
+    extra = registered_presets()
     raise ConfigError(
-        f"treespec config {name!r} not found{did_you_mean(name, names)} "
+        f"treespec config {name!r} not found{did_you_mean(name, drafter_presets() + extra)} "
         f"(looked at: {', '.join(str(c) for c in candidates)}); pass an existing YAML path or a "
-        f"preset name: {', '.join(drafter_presets()) or 'none found'} (production) or "
-        f"{', '.join(demo_presets()) or 'none found'} (fixture demos)")
+        f"preset name: {', '.join(drafter_presets()) or 'none found'} (production)"
+        + (f" or {', '.join(extra)} (registered)" if extra else
+           f"; `demo/` presets are the source checkout's (treespec_fixtures, not installed): set "
+           f"{ENV_RESOLVER}=treespec_fixtures.resolver with the checkout on PYTHONPATH"))
 
 
 def resolve_budget_path(name: str | None) -> Path:

@@ -12,4 +12,8 @@ import ``harness.<module>``:
 - kernel_reference, dict_trie: plain references of the kernels and of the C++ n-gram trie.
 
 Nothing here imports vLLM at module level (the GPU check imports these without it).
+
+Importing the harness imports the lab's fixtures (treespec_fixtures, beside it), so `fixture:NAME`
+paths and `demo/NAME` presets resolve in the script and in the servers and engines it starts.
 """
+import treespec_fixtures  # noqa: F401  (registers the fixture: resolver; exports it to children)

@@ -31,25 +31,19 @@ from vllm_treespec.tree import DraftTree, build_tree
 
 def load_checked_trie(path_spec: str, tokenizer_dir: str | Path | None, expected_order: int | None,
                       key: str = "drafter.path") -> Any:
-    """Resolve `path_spec` (file or `fixture:NAME`), load it and check tokenizer and order."""
-    import multiprocessing
-
-    from vllm_treespec.ngram import NgramTrie, TrieFormatError, resolve_trie_path, tokenizer_fingerprint
-    from vllm_treespec.ngram.fixture import PREFIX, build_trie_fixture
+    """Resolve `path_spec` (a file, or a prefixed path such as the lab's `fixture:NAME`: see
+    vllm_treespec/paths.py), load it and check tokenizer and order."""
+    from vllm_treespec.ngram import NgramTrie, TrieFormatError, tokenizer_fingerprint
+    from vllm_treespec.paths import resolve_path
 
     try:
-        if path_spec.startswith(PREFIX) and tokenizer_dir is not None:
-            # vLLM workers are daemonic and may not start the builder's worker processes
-            single = multiprocessing.current_process().daemon
-            path = build_trie_fixture(path_spec[len(PREFIX):], tokenizer_dir, workers=1 if single else None)
-        else:
-            path = resolve_trie_path(path_spec, tokenizer_dir)
+        path = resolve_path(path_spec, "trie", tokenizer_dir)
     except ValueError as e:
         raise ConfigError(f"{key}: {e}") from None
     if not path.is_file():
         raise ConfigError(f"{key}: trie file {path} does not exist; build one with "
                           "`vllm-treespec ngram build --tokenizer MODEL_DIR --out FILE INPUT...` "
-                          "or use fixture:stdlib-3gram")
+                          "or `vllm-treespec train trie MODEL_DIR --out FILE`")
     fingerprint = tokenizer_fingerprint(tokenizer_dir) if tokenizer_dir is not None else None
     try:
         trie = NgramTrie.load(path, expected_fingerprint=fingerprint)

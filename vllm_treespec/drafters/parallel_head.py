@@ -27,7 +27,7 @@ from torch import nn
 from vllm_treespec.drafters.base import DraftInputs, Drafter, DrafterCapabilities, Proposal, chain_trees
 from vllm_treespec.drafters.heads import DraftHead
 from vllm_treespec.drafters.heads.checkpoint import check_head_dir, load_head
-from vllm_treespec.drafters.lm.loading import DTYPES, resolve_fixture
+from vllm_treespec.drafters.lm.loading import DTYPES, resolve_drafter_path
 from vllm_treespec.tree import DepthTable, build_tree
 
 __all__ = ["HeadDrafter", "target_embedding"]
@@ -52,7 +52,7 @@ class HeadDrafter(Drafter):
                  max_nodes: int, vocab_limit: int | None = None) -> None:
         self.cfg = cfg
         self.name = cfg.type
-        self.path = resolve_fixture(cfg.path)
+        self.path = resolve_drafter_path(cfg.path, cfg.type)
         _, self.head_config = check_head_dir(self.path, kind=cfg.type)
         # vLLM aux ids of the head's feature layers (feature layer i = output of layer i = id i+1)
         self.capabilities = DrafterCapabilities(

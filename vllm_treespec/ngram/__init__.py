@@ -21,7 +21,6 @@ _EXPORTS = {
     "TokenizerMismatchError": "errors", "TrieFormatError": "errors",
     "tokenizer_fingerprint": "fingerprint",
     "CURSOR_DTYPE": "trie", "NgramTrie": "trie", "load_trie": "trie",
-    "resolve_trie_path": "fixture",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -2,10 +2,14 @@
 DART or JetSpec head (the diffusion-style head is `train jetspec --within-block bidirectional`),
 or count the target's own continuations into a drafter trie (train/distill_trie.py).
 
-    vllm-treespec train data fixture:code-lm --out data/code --num-prompts 256 --max-tokens 128
-    vllm-treespec train dart fixture:code-lm --data data/code --out heads/dart --steps 600
-    vllm-treespec train jetspec fixture:code-lm --data data/code --out heads/jetspec --steps 600
-    vllm-treespec train trie fixture:code-lm --out code-lm.trie --prompts prompts.jsonl --order 5
+    vllm-treespec train data MODEL_DIR --out data/code --num-prompts 256 --max-tokens 128
+    vllm-treespec train dart MODEL_DIR --data data/code --out heads/dart --steps 600
+    vllm-treespec train jetspec MODEL_DIR --data data/code --out heads/jetspec --steps 600
+    vllm-treespec train trie MODEL_DIR --out model.trie --prompts prompts.jsonl --order 5
+
+MODEL_DIR may also be a prefixed path a registered resolver gives (vllm_treespec/paths.py), such
+as the source checkout's `fixture:code-lm`. Without --prompts, prompts are cut from the Python
+standard library's training split (train/corpus.py).
 
 `train data` writes shards plus data.json (target, feature layers, top-K, prompts recipe);
 `train dart|jetspec` reads them, holds out every tenth sequence (at least one) for evaluation,
@@ -26,7 +30,7 @@ def add_subcommands(subparsers: Any) -> None:
     tr = subparsers.add_parser("train", help="draft-head training: data generation and recipes")
     sub = tr.add_subparsers(dest="train_command", required=True)
     d = sub.add_parser("data", help="regenerate continuations with the target; save features + top-K")
-    d.add_argument("model", help="target model directory or fixture:NAME")
+    d.add_argument("model", help="target model directory (or a registered prefixed path)")
     d.add_argument("--out", required=True, type=Path, help="output directory for shards")
     d.add_argument("--num-prompts", type=int, default=256)
     d.add_argument("--prompt-chars", type=int, default=600)
@@ -39,11 +43,11 @@ def add_subcommands(subparsers: Any) -> None:
     d.set_defaults(func=cmd_data)
     tt = sub.add_parser("trie", help="count the target's own continuations into an n-gram trie "
                                      "(a self-distilled drafter trie)")
-    tt.add_argument("model", help="target model directory or fixture:NAME")
+    tt.add_argument("model", help="target model directory (or a registered prefixed path)")
     tt.add_argument("--out", required=True, type=Path, help="output trie file")
     tt.add_argument("--prompts", type=Path, default=None, metavar="JSONL",
                     help="prompts like the served traffic: one JSON string or {\"prompt\": ...} per line "
-                         "(default: --num-prompts prompts from the fixture corpus' training split)")
+                         "(default: --num-prompts prompts from the Python stdlib's training split)")
     tt.add_argument("--num-prompts", type=int, default=2048, help="corpus prompts without --prompts")
     tt.add_argument("--prompt-chars", type=int, default=600, help="corpus prompt length without --prompts")
     tt.add_argument("--max-tokens", type=int, default=128, help="continuation tokens per prompt")
@@ -99,7 +103,7 @@ def cmd_data(ns: argparse.Namespace) -> int:
     from transformers import AutoConfig
 
     from vllm_treespec.drafters.heads.dart import eagle3_layers
-    from vllm_treespec.fixtures.corpus import training_prompts
+    from vllm_treespec.train.corpus import training_prompts
     from vllm_treespec.train.data import generate_shards
 
     model = _model_dir(ns.model)
@@ -110,7 +114,7 @@ def cmd_data(ns: argparse.Namespace) -> int:
                             engine={"dtype": "float32", "max_model_len": 2048})
     manifest = {"model": str(model), "feature_layers": layers, "topk": ns.topk,
                 "max_tokens": ns.max_tokens, "temperature": ns.temperature,
-                "prompts": {"source": "vllm_treespec.fixtures.corpus.training_prompts",
+                "prompts": {"source": "vllm_treespec.train.corpus.training_prompts",
                             "count": ns.num_prompts, "prompt_chars": ns.prompt_chars, "seed": ns.seed},
                 "shards": [p.name for p in paths]}
     (ns.out / "data.json").write_text(json.dumps(manifest, indent=2) + "\n")
@@ -119,7 +123,7 @@ def cmd_data(ns: argparse.Namespace) -> int:
 
 
 def cmd_trie(ns: argparse.Namespace) -> int:
-    from vllm_treespec.fixtures.corpus import training_prompts
+    from vllm_treespec.train.corpus import training_prompts
     from vllm_treespec.train.distill_trie import build_distilled_trie, read_prompts
 
     for flag, value, low in (("--num-prompts", ns.num_prompts, 1), ("--max-tokens", ns.max_tokens, 1),
@@ -145,7 +149,7 @@ def cmd_trie(ns: argparse.Namespace) -> int:
         engine={"dtype": ns.dtype, "max_model_len": ns.max_model_len},
         samples_per_prompt=ns.samples_per_prompt)
     report["prompts_source"] = str(ns.prompts) if ns.prompts is not None else (
-        f"vllm_treespec.fixtures.corpus.training_prompts({ns.num_prompts}, {ns.prompt_chars}, seed={ns.seed})")
+        f"vllm_treespec.train.corpus.training_prompts({ns.num_prompts}, {ns.prompt_chars}, seed={ns.seed})")
     text = json.dumps(report, indent=2, default=str)
     if ns.report is not None:
         ns.report.write_text(text + "\n")

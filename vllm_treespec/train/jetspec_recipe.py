@@ -30,7 +30,7 @@ __all__ = ["JetSpecRecipe", "sample_anchors", "jetspec_loss", "train_jetspec"]
 class JetSpecRecipe:
     steps: int = 300
     batch_size: int = 8
-    window: int = 512              # whole sequences: what serving hands the head (fixtures/heads.py)
+    window: int = 512              # whole sequences: what serving hands the head (benchmarks/treespec_fixtures/heads.py)
     anchors: int = 16              # random anchors (blocks) per window per step
     temperature: float = 1.0       # distillation temperature T
     lr: float = 1e-3

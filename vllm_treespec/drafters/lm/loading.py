@@ -32,22 +32,21 @@ class DraftModelSpec:
     max_cached_requests: int = 64
 
 
-def resolve_fixture(path: str) -> Path:
-    """`fixture:NAME` -> the fixture's directory (built on first use, cached outside the repo);
-    any other path is returned as given (expanded). Unknown fixture names name drafter.path."""
-    if path.startswith("fixture:"):
-        from vllm_treespec.fixtures import build_fixture
+def resolve_drafter_path(path: str, kind: str = "model") -> Path:
+    """drafter.path as a local path: a plain path expanded, a prefixed one (`fixture:NAME` of the
+    source checkout's lab) through its registered resolver (vllm_treespec/paths.py), which may
+    build it first. `kind`: "model", or the head kind ("dart", "jetspec") of a head checkpoint."""
+    from vllm_treespec.paths import resolve_path
 
-        try:
-            return build_fixture(path.split(":", 1)[1])
-        except ValueError as e:
-            raise DraftModelError(f"drafter.path: {e}") from None
-    return Path(path).expanduser()
+    try:
+        return resolve_path(path, kind)
+    except ValueError as e:
+        raise DraftModelError(f"drafter.path: {e}") from None
 
 
 def resolve_model_dir(path: str) -> Path:
-    """A model directory, or `fixture:NAME` (built on first use, cached outside the repo)."""
-    d = resolve_fixture(path)
+    """A model directory, or a prefixed path its resolver gives (`fixture:NAME`)."""
+    d = resolve_drafter_path(path)
     if not d.is_dir():
         raise DraftModelFileError(f"drafter.path: {str(d)!r} is not a directory; point it at a local "
                                   "Hugging Face model directory (config.json, weights, tokenizer files)")

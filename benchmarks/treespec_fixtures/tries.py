@@ -1,13 +1,13 @@
 """Trie fixtures, built on first use and cached.
 
 `fixture:stdlib-3gram` / `fixture:stdlib-5gram` in a config or on the command line resolve to a
-cached trie file built from `vllm_treespec.fixtures.corpus.split_files()[0]` (held-out files stay
+cached trie file built from `vllm_treespec.train.corpus.split_files()[0]` (held-out files stay
 unseen, like the fixture models) with the given tokenizer; the cache key includes the
 tokenizer's fingerprint, so the code-LM and tiny tokenizers each get their own trie.
 
 `fixture:code-lm-distill-5gram` is a self-distilled trie (vllm_treespec/train/distill_trie.py):
 the code-LM fixture's own greedy continuations of 2048 training-split prompts, counted to order
-5. It is built by `vllm-treespec train trie` in a subprocess (this package never imports vLLM),
+5. It is built by `vllm-treespec train trie` in a subprocess (the caller never imports vLLM),
 about two minutes on the 2-core dev VM, and serves only models with the code-LM's tokenizer.
 `fixture:code-lm-distill-5gram-t07` counts four sampled continuations (temperature 0.7) of the
 same prompts instead: the trie for sampled requests (`drafter.sampled_path`).
@@ -20,9 +20,9 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from vllm_treespec.fixtures import corpus
-from vllm_treespec.fixtures.cache import cached_build
+from treespec_fixtures.cache import cached_build
 from vllm_treespec.native import native
+from vllm_treespec.train import corpus
 
 PREFIX = "fixture:"
 TRIE_FILE = "ngram.trie"
@@ -30,6 +30,9 @@ TRIE_FIXTURES: dict[str, dict[str, Any]] = {
     "stdlib-3gram": {"order": 3, "min_count": 1},
     "stdlib-5gram": {"order": 5, "min_count": 2},
 }
+# the recipe's name for the prompts of a self-distilled trie, kept from when the corpus lived in
+# vllm_treespec.fixtures: it is part of the cache key, and a new key rebuilds the tries (minutes each)
+DISTILLED_PROMPTS_SOURCE = "vllm_treespec.fixtures.corpus.training_prompts"
 # self-distilled tries: `vllm-treespec train trie` flags per fixture (the model is a fixture name)
 DISTILLED_TRIE_FIXTURES: dict[str, dict[str, Any]] = {
     "code-lm-distill-5gram": {"model": "code-lm", "order": 5, "min_count": 1, "context": 4,
@@ -78,7 +81,7 @@ def _build_distilled_fixture(name: str, tokenizer_dir: str | Path) -> Path:
     import subprocess
     import sys
 
-    from vllm_treespec.fixtures import build_fixture
+    from treespec_fixtures.registry import build_fixture
     from vllm_treespec.ngram.fingerprint import tokenizer_fingerprint
 
     spec = dict(DISTILLED_TRIE_FIXTURES[name])
@@ -90,7 +93,7 @@ def _build_distilled_fixture(name: str, tokenizer_dir: str | Path) -> Path:
                          f"with that model, or build your model's own trie with `vllm-treespec train "
                          "trie MODEL --out FILE`")
     recipe = {"version": 1, "name": name, "model": model_dir.name, **spec,
-              "prompts": "vllm_treespec.fixtures.corpus.training_prompts",
+              "prompts": DISTILLED_PROMPTS_SOURCE,
               "held_out_percent": corpus.HELD_OUT_PERCENT, "python": platform.python_version(),
               "tokenizer_fingerprint": fingerprint, "format_version": native().ngram.FORMAT_VERSION}
 
@@ -105,15 +108,3 @@ def _build_distilled_fixture(name: str, tokenizer_dir: str | Path) -> Path:
 
     return cached_build(f"ngram-{name}", recipe, build) / TRIE_FILE
 
-
-def resolve_trie_path(spec: str, tokenizer_dir: str | Path | None) -> Path:
-    """`fixture:NAME` -> the cached fixture trie for `tokenizer_dir`; any other string -> that path."""
-    if not spec.startswith(PREFIX):
-        return Path(spec).expanduser()
-    name = spec[len(PREFIX):]
-    if name not in TRIE_FIXTURES and name not in DISTILLED_TRIE_FIXTURES:
-        raise ValueError(f"unknown trie fixture {spec!r}; choose one of "
-                         f"{', '.join(PREFIX + n for n in trie_fixture_names())}")
-    if tokenizer_dir is None:
-        raise ValueError(f"{spec} is built per tokenizer: give the model's tokenizer directory")
-    return build_trie_fixture(name, tokenizer_dir)
