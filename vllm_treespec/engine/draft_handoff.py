@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from vllm_treespec.engine.patch_registry import Patch, PatchRegistry
+from vllm_treespec.engine.runner_state import take_drafts
 
 ATTR = "treespec_draft_token_ids"      # DraftTokenIds | None, set by a treespec worker
 _STASH = "_treespec_draft_token_ids"   # on the executor: a 1-tuple until taken
@@ -38,7 +39,7 @@ def attach_drafts(runner: Any, output: Any) -> Any:
     from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 
     if type(output) is ModelRunnerOutput and output is not EMPTY_MODEL_RUNNER_OUTPUT:
-        setattr(output, ATTR, runner.take_draft_token_ids())
+        setattr(output, ATTR, take_drafts(runner))
     return output
 
 

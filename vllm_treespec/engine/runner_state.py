@@ -139,6 +139,12 @@ def request_sampling(runner: Any, req_ids: Sequence[str]) -> list[Any]:
     return [runner.requests[r].sampling_params for r in req_ids]
 
 
+def take_drafts(runner: Any) -> Any:
+    """This step's drafts (vLLM's DraftTokenIds, None without any), taken as vLLM's executor
+    takes them over RPC: `take_draft_token_ids()` also clears them on the runner."""
+    return runner.take_draft_token_ids()
+
+
 def dummy_forward(runner: Any, num_tokens: int) -> None:
     """One forward of `num_tokens` dummy query tokens with attention (vLLM's profiling run)."""
     runner._dummy_run(num_tokens, force_attention=True)
