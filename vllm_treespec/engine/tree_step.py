@@ -27,7 +27,6 @@ import numpy as np
 import torch
 
 from vllm_treespec.tree import DraftTree
-from vllm_treespec.tree.ancestors import local_index
 from vllm_treespec.tree.batch import TreeBatch
 
 __all__ = ["AttentionPlan", "TreeStep", "plan_tree_step", "current_step",
@@ -76,7 +75,6 @@ class TreeStep:
     req_ids: list[str]
     trees: TreeBatch             # the R trees (cut to what was scheduled): the step's one tree
                                  # batch, read unchanged by attention, acceptance, compaction
-    tree_sizes: np.ndarray       # int64 [R] nodes of each tree (root included)
     num_draft: np.ndarray        # int64 [num_reqs] scheduled drafts per batch request (0 = none)
     query_start_loc: np.ndarray  # int64 [num_reqs + 1] flat row of each request's first token
     num_computed: np.ndarray     # int64 [R] tokens before each tree's root (its KV prefix)
@@ -90,10 +88,15 @@ class TreeStep:
     q_probs: torch.Tensor | None = None  # float32 [M, V] draft q of sampled trees' expanded nodes
     plan_seconds: float = 0.0           # planning it in `_prepare_inputs` (runner patch), for budget.gain
 
-    @cached_property
+    @property
+    def tree_sizes(self) -> np.ndarray:
+        """int64 [R]: nodes of each tree (root included)."""
+        return self.trees.sizes.numpy()
+
+    @property
     def node_local(self) -> np.ndarray:
         """int64 [T]: index of every node within its tree."""
-        return local_index(self.tree_sizes)
+        return self.trees.local.numpy()
 
     @cached_property
     def node_rows(self) -> torch.Tensor:
@@ -194,7 +197,7 @@ def plan_tree_step(batch_req_ids: Sequence[str], num_scheduled: np.ndarray,
     step = TreeStep(
         num_scheduled_tokens=int(query_start_loc[num_reqs]), num_reqs=num_reqs,
         req_indices=idx, req_ids=[batch_req_ids[i] for i in req_idx], trees=batch,
-        tree_sizes=offsets[1:] - offsets[:-1], num_draft=np.array(num_draft, dtype=np.int64),
+        num_draft=np.array(num_draft, dtype=np.int64),
         query_start_loc=np.array(query_start_loc[:num_reqs + 1], dtype=np.int64),
         num_computed=np.asarray(num_computed, dtype=np.int64)[idx], attn=None,
         foreign=np.asarray(foreign, dtype=np.int64), max_num_draft=max(num_draft, default=0),

@@ -45,7 +45,6 @@ import numpy as np
 import torch
 
 from vllm_treespec.engine.tree_step import TreeStep
-from vllm_treespec.tree.ancestors import local_index
 from vllm_treespec.tree.batch import TreeBatch
 from vllm_treespec.verify import SAMPLING_EPS, accept_trees
 from vllm_treespec.verify.kv_compaction import compact_kv
@@ -108,8 +107,8 @@ def _verified_batch(step: TreeStep, include: np.ndarray | None
         q_rows = np.where(src >= 0, step.q_rows[np.maximum(src, 0)], -1)
     logit_rows = None
     if include is not None:
-        sizes = batch.sizes.numpy()
-        logit_rows = torch.from_numpy(np.repeat(step.first_logit[idx], sizes) + local_index(sizes))
+        logit_rows = torch.from_numpy(np.repeat(step.first_logit[idx], batch.sizes.numpy())
+                                      + batch.local.numpy())
     return batch, logit_rows, q_rows
 
 

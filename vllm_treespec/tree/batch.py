@@ -163,8 +163,12 @@ class TreeBatch:
 
     @property
     def is_root_only(self) -> bool:
-        """Every tree is its root alone (a step in which no request drafted)."""
-        return self.num_rows == self.batch_size
+        """A valid batch of root-only trees (a step in which no request drafted): at least one
+        request, each owning one row, its root. A batch that only looks so is left to `check`."""
+        n = self.batch_size
+        return (n >= 1 and self.num_rows == n
+                and bool((self.offsets == torch.arange(n + 1, device=self.device)).all())
+                and bool((self.parents == -1).all()) and bool((self.depth == 0).all()))
 
     def request_rows(self, b: int) -> slice:
         """Flat rows of request b."""
@@ -181,6 +185,8 @@ class TreeBatch:
     @cached_property
     def local(self) -> torch.Tensor:
         """int64 [T]: every row's index within its request."""
+        if self.device.type == "cpu":
+            return torch.from_numpy(local_index(self.sizes.numpy()))
         return torch.arange(self.num_rows, device=self.device) - self.offsets[:-1][self.request_of_row]
 
     @cached_property

@@ -100,15 +100,6 @@ def _coins(offsets: torch.Tensor, request_of_row: torch.Tensor, generators: Gene
     return None
 
 
-def _is_root_only(batch: TreeBatch) -> bool:
-    """A valid batch of root-only trees (no drafts anywhere: every request owns one row, its
-    root). A batch that only looks so is left to `TreeBatch.check`, which names the problem."""
-    n = batch.batch_size
-    return (n >= 1 and batch.num_rows == n
-            and bool((batch.offsets == torch.arange(n + 1, device=batch.device)).all())
-            and bool((batch.parents == -1).all()) and bool((batch.depth == 0).all()))
-
-
 def _accept_roots(offsets: torch.Tensor, logits: torch.Tensor,
                   sampling: SamplingParamsBatch | None, generators: Generators,
                   max_depth: int | None, coin_rows: int | None) -> AcceptResult:
@@ -256,7 +247,7 @@ def _target_only_torch(batch: TreeBatch, logits: torch.Tensor,
                        max_depth: int | None, coin_rows: int | None) -> AcceptResult:
     """accept_target_only as the shared torch walk: for logits on a device, and the reference
     the native walk is tested against."""
-    if _is_root_only(batch):
+    if batch.is_root_only:
         return _accept_roots(batch.offsets, logits, sampling, generators, max_depth, coin_rows)
     width = _checked(batch, logits, max_depth)
     params, is_greedy = _request_params(sampling, batch.batch_size, logits.device)
