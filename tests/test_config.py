@@ -18,7 +18,7 @@ def test_shipped_preset_is_valid():
     assert load_config("prompt-lookup", 8) == cfg  # preset name resolves to the same file
 
 
-FILE_FREE = ("prompt-lookup", "prompt-lookup-tree")      # production presets that need no file
+FILE_FREE = ("prompt-lookup", "prompt-lookup-tree", "lookup-online")      # production presets that need no file
 
 
 @pytest.mark.parametrize("preset", drafter_presets())

@@ -255,3 +255,34 @@ def test_native_call_rejects_bad_batches_without_copying():
             native_trees(trie, buf, [0], [4], [-1], **kw)
         with pytest.raises(ValueError, match="lookup_weight"):
             native_trees(trie, buf, [0], [4], [3], **{**kw, "lookup_weight": 1.5})
+
+
+def test_an_online_only_trie_drafts_what_this_deployment_served():
+    """drafter.path null with online_mb: no corpus, no file left behind; the trie drafts nothing
+    until a finished request's output teaches it, then continues that output from a short
+    context (the request's own text has no earlier match: prompt lookup alone drafts nothing)."""
+    import glob
+    import os
+
+    cfg = load_config({"drafter": {"type": "lookup_trie", "path": None, "online_mb": 1,
+                                   "min_context": 2},
+                       "tree": {"builder": "chain", "max_depth": 4}}, 8)
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "treespec-online-trie-*")))
+    drafter = make_drafter(cfg.drafter, None, cfg.tree, vocab_limit=64)
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "treespec-online-trie-*"))) == before
+    assert drafter.capabilities.observes_output and drafter.trie.num_nodes == 1
+    buf = np.array([[3, 4, 5, 6, 7, 8]], np.int32)
+    inputs = DraftInputs(req_ids=["a"], token_ids=buf, rows=np.arange(1), num_tokens=np.array([6]),
+                         budgets=np.array([8]))
+    assert drafter.propose(inputs).trees[0].draft_token_ids() == []
+    drafter.observe_output(np.array([20, 7, 8, 9, 10, 11, 12, 13], np.int32))
+    assert drafter.propose(inputs).trees[0].draft_token_ids() == [9, 10, 11, 12]
+    with pytest.raises(ValueError, match="vocab size"):
+        make_drafter(cfg.drafter, None, cfg.tree)
+
+
+def test_a_lookup_trie_without_a_file_or_online_layer_says_what_to_set():
+    with pytest.raises(ConfigError) as e:
+        load_config({"drafter": {"type": "lookup_trie", "path": None}}, 8)
+    assert "drafter.path: required key is missing" in str(e.value)
+    assert "drafter.online_mb > 0" in str(e.value)

@@ -131,7 +131,7 @@ print(json.dumps(out))
     assert Path(got["dir"]).is_relative_to(installed)
     shipped = ROOT / "vllm_treespec" / "configs"
     assert sorted(got["ok"] + got["needs_file"]) == sorted(p.stem for p in (shipped / "drafters").glob("*.yaml"))
-    assert set(got["ok"]) == {"prompt-lookup", "prompt-lookup-tree"} and got["registered"] == []
+    assert set(got["ok"]) == {"prompt-lookup", "prompt-lookup-tree", "lookup-online"} and got["registered"] == []
     demo, fixture = got["lab"]
     assert "'demo/lookup-trie' not found" in demo and "TREESPEC_PATH_RESOLVER=treespec_fixtures.resolver" in demo
     assert fixture.startswith("drafter.path: 'fixture:draft-lm': no resolver handles the prefix 'fixture:'")

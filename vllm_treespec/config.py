@@ -96,7 +96,9 @@ class NgramTrieConfig:
 class LookupTrieConfig:
     """Prompt lookup mixed with a corpus n-gram trie in one tree (drafters/lookup_trie.py)."""
     type: Literal["lookup_trie"] = spec(doc="Drafter kind.")
-    path: str = spec(doc="Trie file (as ngram_trie.path).", missing=_MAKE_TRIE)
+    path: str | None = spec(None, doc=(
+        "Trie file (as ngram_trie.path). null with online_mb > 0: no corpus, the trie is only the "
+        "online layer, learnt from this deployment's outputs (model-free, like prompt lookup)."))
     sampled_path: str | None = spec(None, doc=(
         "Trie for requests that sample (temperature > 0), e.g. one counted from the model's "
         "sampled continuations at the served temperature (`vllm-treespec train trie "
@@ -128,6 +130,10 @@ class LookupTrieConfig:
         if not 0.0 <= self.lookup_weight <= 1.0:
             raise ConfigError(f"{prefix}.lookup_weight: {self.lookup_weight} is out of range; allowed "
                               "0 <= lookup_weight <= 1")
+        if self.path is None and not self.online_mb:
+            raise ConfigError(f"{prefix}.path: required key is missing; " + _MAKE_TRIE
+                              + f" (or, model-free: path null with {prefix}.online_mb > 0, a trie "
+                              "learnt only from this deployment's outputs)")
         _check_ngram_range(self, prefix)
 
 

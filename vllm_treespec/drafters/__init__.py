@@ -27,7 +27,7 @@ def make_drafter(drafter_config: Any, tokenizer_dir: str | None = None, tree_con
     if kind == "lookup_trie":
         from vllm_treespec.drafters.lookup_trie import LookupTrieDrafter
 
-        return LookupTrieDrafter(drafter_config, tokenizer_dir, tree_config)
+        return LookupTrieDrafter(drafter_config, tokenizer_dir, tree_config, vocab_limit=vocab_limit)
     if kind == "draft_model":
         from vllm_treespec.drafters.draft_model import DraftModelDrafter
 

@@ -29,7 +29,11 @@ from vllm_treespec.drafters.ngram_trie import load_checked_trie
 from vllm_treespec.tree import DraftTree
 from vllm_treespec.verify.sampling_params import SAMPLING_EPS
 
-__all__ = ["LookupTrieDrafter", "native_trees"]
+__all__ = ["LookupTrieDrafter", "native_trees", "ONLINE_ONLY_ORDER"]
+
+# n-gram order of an online-only trie (drafter.path null) when drafter.order is null: four tokens
+# of context, as the distilled tries.
+ONLINE_ONLY_ORDER = 5
 
 
 def native_trees(trie: Any, inputs: DraftInputs, **params: Any) -> list[DraftTree]:
@@ -60,8 +64,17 @@ def _subset(inputs: DraftInputs, index: np.ndarray) -> DraftInputs:
 class LookupTrieDrafter(Drafter):
     name = "lookup_trie"
 
-    def __init__(self, config: Any, tokenizer_dir: str | Path | None, tree: Any = None) -> None:
-        self.trie = load_checked_trie(config.path, tokenizer_dir, config.order)
+    def __init__(self, config: Any, tokenizer_dir: str | Path | None, tree: Any = None, *,
+                 vocab_limit: int | None = None) -> None:
+        if config.path is None:   # model-free: only what this deployment serves (config validated online_mb)
+            from vllm_treespec.ngram import online_only_trie
+
+            if vocab_limit is None:
+                raise ValueError("an online-only lookup trie (drafter.path null) needs the model's vocab size")
+            self.trie = online_only_trie(int(config.order or ONLINE_ONLY_ORDER), int(vocab_limit),
+                                         float(config.online_mb))
+        else:
+            self.trie = load_checked_trie(config.path, tokenizer_dir, config.order)
         sampled = getattr(config, "sampled_path", None)
         self.sampled_trie = (None if sampled is None else
                              load_checked_trie(sampled, tokenizer_dir, config.order,
@@ -76,7 +89,8 @@ class LookupTrieDrafter(Drafter):
         self.online = bool(config.online_mb)
         if self.online:
             for trie in self._tries():
-                trie.enable_online(capacity_mb=float(config.online_mb))
+                if trie.online_stats() is None:
+                    trie.enable_online(capacity_mb=float(config.online_mb))
         self.capabilities = DrafterCapabilities(observes_output=self.online,
                                                 reads_sampling=self.sampled_trie is not None)
 

@@ -200,6 +200,27 @@ def build_trie_from_streams(streams: Iterable[Sequence[int] | np.ndarray], out: 
             "bytes_per_node": stats["file_bytes"] / stats["num_nodes"]}
 
 
+def online_only_trie(order: int, vocab_size: int, capacity_mb: float, *, weight: float = 1.0) -> Any:
+    """A trie with no corpus whose online layer (`capacity_mb`) learns from served outputs: the
+    model-free cross-request drafter (what SuffixDecoding's global tree is to vLLM's `suffix`).
+
+    The query code reads a frozen file plus the online layer, so the frozen part is an empty file
+    (one root node, ~17 KB) built into a temporary directory, mapped, and unlinked at once: the
+    mapping keeps it alive for this process and nothing is left on disk.
+    """
+    from vllm_treespec.ngram.trie import NgramTrie
+
+    scratch = tempfile.mkdtemp(prefix="treespec-online-trie-")
+    try:
+        path = Path(scratch) / "empty.trie"
+        build_trie_from_streams([], path, order=order, vocab_size=vocab_size, memory_mb=1)
+        trie = NgramTrie.load(path)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    trie.enable_online(capacity_mb=capacity_mb, weight=weight)
+    return trie
+
+
 def _tokenizer_meta(tokenizer: str | Path | None) -> tuple[str | None, int | None, bytes, str]:
     """(path, vocab size, fingerprint bytes, name) of the tokenizer, or blanks without one."""
     if tokenizer is None:
