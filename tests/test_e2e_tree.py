@@ -7,7 +7,8 @@ chunked prefill, repeated prompts served from the prefix cache, and a batch mixi
 trees cannot serve exactly (logprobs, penalties, min_tokens: they decode without drafts) with
 plain ones. Trees of 1, 8, 16 and 64 nodes; prompt-lookup trees (several matches), n-gram
 trie trees (best-first) and lookup-trie trees (both mixed; also cut by drafter.min_path_prob;
-also over the self-distilled trie fixture).
+also over the self-distilled trie fixture; also with no corpus, learnt online from the
+engine's own outputs).
 A tiny KV cache forces preemption in a separate pair of engines. The token budget
 (max_num_batched_tokens) is small enough that the scheduler cuts trees to a prefix of their
 nodes at concurrency 32.
@@ -43,6 +44,9 @@ TREES = {  # name -> (num_speculative_tokens = most nodes per tree, deployment c
     # the self-distilled trie (the code-LM's own continuations): deep, confident trees
     "lookup-trie-distilled-16": (16, {**LOOKUP_TRIE_TREE,
                                       "drafter": {"type": "lookup_trie", "path": "fixture:code-lm-distill-5gram"}}),
+    # no corpus: the trie learns only from this engine's finished outputs (preset lookup-online)
+    "lookup-online-16": (16, {"drafter": {"type": "lookup_trie", "path": None, "online_mb": 16},
+                              "tree": {"builder": "best_first", "max_depth": 8}}),
 }
 N = 64
 PROMPTS = corpus.held_out_prompts(N, prompt_chars=400, seed=11)
@@ -112,6 +116,13 @@ def test_trees_were_verified_and_accepted(runs, name):
         assert stats["attention_ms_per_step"] > 0 and stats["compaction_ms_per_step"] > 0
         assert 0 < stats["accept_ms_per_step"] <= stats["verify_ms_per_step"]
     assert stats["worker_step_ms"] > stats["draft_ms_per_step"] > 0
+
+
+def test_the_online_only_trie_learnt_from_served_outputs(runs):
+    """The online layer holds the engine's finished outputs (every phase after the first serves
+    prompts answered before), so drafts from it were verified and the equality test covers them."""
+    counters = runs["lookup-online-16"]["proposer"][0]["drafter"]
+    assert counters["online_observed_tokens"] > 1000 and counters["online_used_slots"] > 100
 
 
 def test_cases_were_exercised(runs):

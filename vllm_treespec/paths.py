@@ -135,10 +135,11 @@ def locate_path(query: PathQuery) -> tuple[Path | None, str]:
 
 
 def drafter_paths(drafter: Any) -> list[tuple[str, str, str]]:
-    """(config key, value, kind) of every path a parsed drafter section names."""
+    """(config key, value, kind) of every path a parsed drafter section names (a lookup_trie
+    without a file, learning online only, names none)."""
     kind = drafter.type
     if kind in ("ngram_trie", "lookup_trie"):
-        found = [("drafter.path", drafter.path, "trie")]
+        found = [] if drafter.path is None else [("drafter.path", drafter.path, "trie")]
         if getattr(drafter, "sampled_path", None) is not None:
             found.append(("drafter.sampled_path", drafter.sampled_path, "trie"))
         return found

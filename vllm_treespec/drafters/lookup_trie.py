@@ -113,6 +113,14 @@ class LookupTrieDrafter(Drafter):
                 trees[i] = tree
         return Proposal(trees)
 
+    def counters(self) -> dict[str, int]:
+        """The online layer's fill (tests and reports): tokens learnt, contexts held, evictions."""
+        stats = self.trie.online_stats() if self.online else None
+        if stats is None:
+            return {}
+        return {"online_observed_tokens": int(stats["observed_tokens"]),
+                "online_used_slots": int(stats["used_slots"]), "online_evictions": int(stats["evictions"])}
+
     def observe_output(self, tokens: np.ndarray) -> None:
         """Learn a finished request's output in the tries' online layers (drafter.online_mb);
         the drafter is not told the request's temperature, so both tries learn it."""
