@@ -294,3 +294,42 @@ def test_a_probe_accepted_to_its_end_keeps_probing_soon():
     _learn(gain, reqs["r"], 8, 0)
     probes = _probe_steps(gain, reqs["r"], 40, (0.2, 3.0), accepted=2)     # dear to draft: stays probing
     assert np.diff(probes).tolist()[:4] == [2, 2, 2, 2], probes
+
+
+def _costed(overhead_s: float, drafting: int) -> GainControl:
+    """A controller whose measured speculative-step overhead is `overhead_s` (1 ms plain steps,
+    one token per request), learnt from steps in which `drafting` requests drafted."""
+    gain = GainControl(16)
+    for _ in range(200):
+        gain.observe_step(1e-3, 8, False, 8)
+        gain.observe_step(1e-3 + overhead_s, 16, True, 16, drafting=drafting, overhead_seconds=overhead_s)
+    return gain
+
+
+def test_a_step_is_speculative_only_if_its_drafts_together_pay_for_it():
+    """Each request is charged its share of the overhead of the last speculative step (8
+    requests drafted): when only one of them would draft now, its gain cannot pay for the
+    whole step, and the step stays plain; the same draft from all eight does."""
+    from vllm_treespec.budget.gain import GainDecision
+
+    gain = _costed(4e-3, drafting=8)
+    whole = gain.step_cost()
+    assert whole == pytest.approx(4e-3 * gain.cost.tokens_per_second(), rel=0.05)
+    one = GainDecision(4, net=0.6 * whole)
+    assert not gain.settle([one, GainDecision(0), GainDecision(0)])
+    assert gain.settle([one] * 8)
+    assert gain.settle([GainDecision(0)] * 3)                         # nothing drafts: nothing held
+    assert gain.settle([one, GainDecision(2, probe=True)])           # a probe makes the step speculative
+    assert gain.settle([one, GainDecision(3, net=0.0, own=True)])    # so does a seeded request
+
+
+def test_held_drafts_leave_the_requests_state_alone():
+    gain = _costed(4e-3, drafting=8)
+    reqs = _Requests(gain)
+    _learn(gain, reqs["r"], 16, 8)
+    costs = gain.measured_costs()
+    d = gain.decide(reqs["r"], 16, costs=costs)
+    assert d.nodes > 0 and d.net > 0 and not d.own
+    assert not gain.settle([d])
+    assert reqs["r"].waited is None                    # not stopped: it decides again next step
+    assert gain.decide(reqs["r"], 16, costs=costs) == d

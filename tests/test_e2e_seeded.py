@@ -5,7 +5,8 @@ at a time (concurrency 1) and eight at a time, next to requests that ask for log
 sampler then runs over the whole batch in the same steps, advancing vLLM's generator of every
 seeded request) and requests with other seeds (or the same seed). Tree acceptance draws from its
 own generator per seeded request, with the same coin layout in every mode
-(engine/tree_verifier.py), so the seeded tokens match.
+(engine/tree_verifier.py), so the seeded tokens match. The same with lookup-online, whose trie
+learns other requests' outputs: seeded requests draft without that online layer.
 
 A draft model that samples its trees (q rows: recursive rejection sampling, the batch runs
 accept() in "rrs" mode): the claim is narrower. A request's q comes from the draft model's
@@ -35,6 +36,7 @@ pytestmark = [pytest.mark.e2e]
 SEEDED = 8            # seeded requests under test
 MAX_TOKENS = 10
 PROMPT_LOOKUP = dict(speculative_config=spec_config(6), additional_config={"treespec": "prompt-lookup"})
+LOOKUP_ONLINE = dict(speculative_config=spec_config(6), additional_config={"treespec": "lookup-online"})
 
 
 def _seeded(i: int) -> dict:
@@ -92,6 +94,16 @@ def _check(result: dict) -> None:
 def test_prompt_lookup_seeded_requests_ignore_their_batch(tiny_vocab_model):
     _check(run_engine(tiny_vocab_model, {**ENGINE, **PROMPT_LOOKUP}, _phases(1, _mixed_neighbour),
                       inspect_proposer=True))
+
+
+def test_lookup_online_seeded_requests_ignore_what_the_trie_learnt(tiny_vocab_model):
+    """lookup-online learns every finished output: by the mixed phase its online layer holds the
+    alone phase's outputs and the neighbours'. Seeded requests draft without it (their own text
+    only), so they sample the same tokens as alone."""
+    result = run_engine(tiny_vocab_model, {**ENGINE, **LOOKUP_ONLINE}, _phases(1, _mixed_neighbour),
+                        inspect_proposer=True)
+    _check(result)
+    assert result["proposer"][0]["drafter"]["online_observed_tokens"] > 0
 
 
 def test_sampled_draft_seeded_requests_ignore_their_batch(tiny_vocab_model, noisy_draft):

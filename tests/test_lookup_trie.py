@@ -271,6 +271,7 @@ def test_an_online_only_trie_drafts_what_this_deployment_served():
     drafter = make_drafter(cfg.drafter, None, cfg.tree, vocab_limit=64)
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), "treespec-online-trie-*"))) == before
     assert drafter.capabilities.observes_output and drafter.trie.num_nodes == 1
+    assert drafter.seeded_trie.online_stats() is None
     buf = np.array([[3, 4, 5, 6, 7, 8]], np.int32)
     inputs = DraftInputs(req_ids=["a"], token_ids=buf, rows=np.arange(1), num_tokens=np.array([6]),
                          budgets=np.array([8]))
@@ -286,3 +287,23 @@ def test_a_lookup_trie_without_a_file_or_online_layer_says_what_to_set():
         load_config({"drafter": {"type": "lookup_trie", "path": None}}, 8)
     assert "drafter.path: required key is missing" in str(e.value)
     assert "drafter.online_mb > 0" in str(e.value)
+
+
+def test_seeded_sampled_requests_draft_without_what_other_requests_taught_the_trie():
+    """A seeded request's sampled tokens depend on its tree shapes: it must not draft from the
+    online layer (other requests' outputs), or its tokens would depend on other traffic.
+    Greedy and unseeded sampled requests do draft from it."""
+    from types import SimpleNamespace
+
+    cfg = load_config({"drafter": {"type": "lookup_trie", "path": None, "online_mb": 1},
+                       "tree": {"builder": "chain", "max_depth": 3}}, 8)
+    drafter = make_drafter(cfg.drafter, None, cfg.tree, vocab_limit=64)
+    assert drafter.capabilities.reads_sampling
+    buf = np.array([[3, 4, 5, 6, 7, 8]] * 3, np.int32)
+    sampling = [SimpleNamespace(temperature=0.0, seed=None), SimpleNamespace(temperature=0.7, seed=None),
+                SimpleNamespace(temperature=0.7, seed=5)]
+    inputs = DraftInputs(req_ids=["greedy", "sampled", "seeded"], token_ids=buf, rows=np.arange(3),
+                         num_tokens=np.array([6, 6, 6]), budgets=np.array([3, 3, 3]), sampling=sampling)
+    drafter.observe_output(np.array([20, 7, 8, 9, 10, 11], np.int32))
+    drafts = [t.draft_token_ids() for t in drafter.propose(inputs).trees]
+    assert drafts == [[9, 10, 11], [9, 10, 11], []]

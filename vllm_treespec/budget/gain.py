@@ -189,14 +189,17 @@ class GainRecord:
 class GainDecision:
     nodes: int
     probe: bool = False
+    net: float = 0.0          # a draft that pays: its expected tokens minus its rows' cost (tokens)
+    own: bool = False         # decided on the request's own history alone (seeded sampled)
 
 
-GAIN_DECISIONS = ("draft", "probe", "stopped", "calibration")
+GAIN_DECISIONS = ("draft", "probe", "stopped", "calibration", "held")
 
 
 def decision_kind(decision: GainDecision, calibrating: bool) -> str:
     """What a decision was, for counting: a draft that pays, a probe, a stopped request, or a
-    request held back by a calibration step."""
+    request held back by a calibration step (`held`, drafts the step could not pay for, is
+    counted by the caller after `settle`)."""
     if decision.probe:
         return "probe"
     if decision.nodes > 0:
@@ -249,6 +252,12 @@ class GainControl:
         rate = self.cost.tokens_per_second()
         _, row, overhead = self.cost.coefficients()
         return row * rate, (overhead / max(self._drafting, 1) + self._drafter_seconds) * rate
+
+    def step_cost(self) -> float:
+        """Tokens a speculative step's overhead costs the batch, whoever drafts in it."""
+        if not self.cost.ready:
+            return 0.0
+        return self.cost.coefficients()[2] * self.cost.tokens_per_second()
 
     # -- decisions ---------------------------------------------------------------------------
     def new_record(self) -> GainRecord:
@@ -309,7 +318,7 @@ class GainControl:
         if pays:
             record.waited = record.interval = None
             record.probing = False
-            return GainDecision(n)
+            return GainDecision(n, net=float(reach[:n].sum()) - n * row_cost, own=seeded_sampled)
         waited = (record.waited or 0) + 1
         if record.interval is None:
             record.interval = self._class_interval.get(cls, self.probe_every) \
@@ -320,6 +329,20 @@ class GainControl:
             return GainDecision(min(cap, self.probe_nodes), probe=True)
         record.waited = waited
         return GainDecision(0)
+
+    def settle(self, decisions: Sequence[GainDecision]) -> bool:
+        """Whether this step's drafts together pay for making it speculative. Each request's own
+        decision charges it a share of the speculative step's overhead (the share of the last
+        speculative step's drafting requests); when fewer requests draft now, the few that do
+        would make the whole step speculative for gains that do not cover it. So unless the step
+        is speculative anyway (a probe, or a seeded request, which decides on its own history),
+        its drafts go ahead only if their summed net gain exceeds the whole overhead (times the
+        margin); otherwise the caller holds them back and the step is a plain one. The held
+        requests keep their state and decide again next step."""
+        drafts = [d for d in decisions if d.nodes > 0]
+        if not drafts or any(d.probe or d.own for d in drafts):
+            return True
+        return sum(d.net for d in drafts) > self.margin * self.step_cost()
 
     def _due(self, waited: int, interval: int, seeded_sampled: bool) -> bool:
         """Is a stopped request's probe due? A probe makes its whole step speculative (tree

@@ -62,23 +62,36 @@ def _subset(inputs: DraftInputs, index: np.ndarray) -> DraftInputs:
 
 
 class LookupTrieDrafter(Drafter):
+    """Per request one of up to four handles on the trie files: the greedy trie (`path`) or the
+    sampled one (`sampled_path`), each with this deployment's online layer (drafter.online_mb) or,
+    for seeded sampled requests, without it. A seeded request's sampled tokens depend on its tree
+    shapes, and the online layer holds other requests' outputs, so it drafts from frozen counts
+    and its own text only: it samples the same tokens whatever else the server runs."""
     name = "lookup_trie"
 
     def __init__(self, config: Any, tokenizer_dir: str | Path | None, tree: Any = None, *,
                  vocab_limit: int | None = None) -> None:
+        self.online = bool(config.online_mb)
         if config.path is None:   # model-free: only what this deployment serves (config validated online_mb)
-            from vllm_treespec.ngram import online_only_trie
+            from vllm_treespec.ngram import empty_tries
 
             if vocab_limit is None:
                 raise ValueError("an online-only lookup trie (drafter.path null) needs the model's vocab size")
-            self.trie = online_only_trie(int(config.order or ONLINE_ONLY_ORDER), int(vocab_limit),
-                                         float(config.online_mb))
+            self.trie, plain = empty_tries(int(config.order or ONLINE_ONLY_ORDER), int(vocab_limit), 2)
         else:
             self.trie = load_checked_trie(config.path, tokenizer_dir, config.order)
+            plain = load_checked_trie(config.path, tokenizer_dir, config.order) if self.online else None
         sampled = getattr(config, "sampled_path", None)
         self.sampled_trie = (None if sampled is None else
                              load_checked_trie(sampled, tokenizer_dir, config.order,
                                                key="drafter.sampled_path"))
+        # seeded sampled requests: the sampled trie (else the greedy one) without the online layer
+        self.seeded_trie = None
+        if self.online:
+            self.seeded_trie = plain if self.sampled_trie is None else \
+                load_checked_trie(sampled, tokenizer_dir, config.order, key="drafter.sampled_path")
+            for trie in self._tries():
+                trie.enable_online(capacity_mb=float(config.online_mb))
         self.chain = tree is None or tree.builder == "chain"
         self.max_depth = (tree.max_depth if tree is not None else None) or 8
         self.params = dict(min_ngram=int(config.min_ngram), max_ngram=int(config.max_ngram),
@@ -86,28 +99,32 @@ class LookupTrieDrafter(Drafter):
                            k=int(config.k), min_context=int(config.min_context),
                            lookup_weight=float(config.lookup_weight),
                            min_path_prob=float(config.min_path_prob))
-        self.online = bool(config.online_mb)
-        if self.online:
-            for trie in self._tries():
-                if trie.online_stats() is None:
-                    trie.enable_online(capacity_mb=float(config.online_mb))
-        self.capabilities = DrafterCapabilities(observes_output=self.online,
-                                                reads_sampling=self.sampled_trie is not None)
+        self.capabilities = DrafterCapabilities(
+            observes_output=self.online, reads_sampling=self.sampled_trie is not None or self.online)
 
     def _tries(self) -> list[Any]:
+        """The handles that learn online (when drafter.online_mb is set)."""
         return [self.trie] + ([self.sampled_trie] if self.sampled_trie is not None else [])
+
+    def _trie_for(self, params: Any) -> Any:
+        """The handle a request with these SamplingParams drafts from (class docstring)."""
+        if not _samples(params):
+            return self.trie
+        if self.seeded_trie is not None and getattr(params, "seed", None) is not None:
+            return self.seeded_trie
+        return self.sampled_trie if self.sampled_trie is not None else self.trie
 
     def propose(self, inputs: DraftInputs) -> Proposal:
         params = {**self.params, "max_depth": inputs.max_depth(self.max_depth)}   # a table rule's depth
-        if self.sampled_trie is None or not inputs.sampling:
+        if not inputs.sampling:
             return Proposal(native_trees(self.trie, inputs, chain=self.chain, **params))
-        sampled = np.array([_samples(p) for p in inputs.sampling], dtype=bool)
-        if sampled.all() or not sampled.any():
-            trie = self.sampled_trie if sampled.all() else self.trie
-            return Proposal(native_trees(trie, inputs, chain=self.chain, **params))
+        chosen = [self._trie_for(p) for p in inputs.sampling]
+        handles = list({id(t): t for t in chosen}.values())
+        if len(handles) == 1:
+            return Proposal(native_trees(handles[0], inputs, chain=self.chain, **params))
         trees: list[DraftTree | None] = [None] * len(inputs)
-        for trie, index in ((self.trie, np.flatnonzero(~sampled)),
-                            (self.sampled_trie, np.flatnonzero(sampled))):
+        for trie in handles:
+            index = np.array([i for i, t in enumerate(chosen) if t is trie], dtype=np.int64)
             for i, tree in zip(index, native_trees(trie, _subset(inputs, index), chain=self.chain,
                                                    **params)):
                 trees[i] = tree

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from vllm_treespec.budget import make_budget_policy
-from vllm_treespec.budget.gain import GAIN_DECISIONS, GainControl, decision_kind
+from vllm_treespec.budget.gain import GAIN_DECISIONS, GainControl, GainDecision, decision_kind
 from vllm_treespec.budget.reach import ReachCap
 from vllm_treespec.config import TreespecConfig
 from vllm_treespec.engine.request_table import RequestTable
@@ -91,6 +91,7 @@ class BudgetControl:
         caps = [min(budget, max(self.max_model_len - t, 0)) if d else 0 for t, d in zip(lengths, decoding)]
         gain_costs = None     # budget.gain's row and request costs, once per step
         gain_counts: dict[str, int] = {}
+        decided: dict[int, GainDecision | None] = {}   # budget.gain's decision per request index
         if self.gain is not None:
             self.gain.begin_step()
         for i, cap in enumerate(caps):
@@ -117,7 +118,14 @@ class BudgetControl:
                 decision = self.gain.decide(st.gain_record(self.gain), caps[i], st.seeded_sampled, gain_costs,
                                             st.gain_class)
                 caps[i] = decision.nodes
-                gain_counts[decision_kind(decision, self.gain.calibrating)] += 1
+                decided[i] = decision
+        if decided and not self.gain.settle(list(decided.values())):
+            for i, decision in decided.items():       # drafts that cannot pay for the step
+                if decision.nodes > 0:
+                    caps[i] = 0
+                    decided[i] = None
+        for decision in decided.values():
+            gain_counts["held" if decision is None else decision_kind(decision, self.gain.calibrating)] += 1
         if gain_costs is not None:
             self.stats.observe_gain(gain_counts, gain_costs, self.gain.cost.coefficients())
         return caps, choice

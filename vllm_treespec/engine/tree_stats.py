@@ -105,7 +105,8 @@ class TreeStats:
     def observe_gain(self, counts: dict[str, int], costs: tuple[float, float],
                      coefficients: tuple[float, float, float]) -> None:
         """budget.gain, once per step in which it decided: how many requests it let draft,
-        probed, kept stopped or held for calibration; the costs it decided with (tokens per
+        probed, kept stopped, held for calibration or held because the step could not pay for
+        its drafts (`held`); the costs it decided with (tokens per
         verified row, tokens per drafting request, before the margin); its step-cost fit
         (base, per-row and speculative-step seconds)."""
         if self.metrics is not None:

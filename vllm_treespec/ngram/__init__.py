@@ -17,7 +17,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "BuildOptions": "build", "build_trie": "build", "build_trie_from_streams": "build", "online_only_trie": "build",
+    "BuildOptions": "build", "build_trie": "build", "build_trie_from_streams": "build", "empty_tries": "build",
     "TokenizerMismatchError": "errors", "TrieFormatError": "errors",
     "tokenizer_fingerprint": "fingerprint",
     "CURSOR_DTYPE": "trie", "NgramTrie": "trie", "load_trie": "trie",

@@ -200,13 +200,15 @@ def build_trie_from_streams(streams: Iterable[Sequence[int] | np.ndarray], out: 
             "bytes_per_node": stats["file_bytes"] / stats["num_nodes"]}
 
 
-def online_only_trie(order: int, vocab_size: int, capacity_mb: float, *, weight: float = 1.0) -> Any:
-    """A trie with no corpus whose online layer (`capacity_mb`) learns from served outputs: the
-    model-free cross-request drafter (what SuffixDecoding's global tree is to vLLM's `suffix`).
+def empty_tries(order: int, vocab_size: int, handles: int = 1) -> list[Any]:
+    """`handles` independent handles on one trie with no corpus: the frozen part of the
+    model-free lookup trie (drafter.path null), whose online layer learns from served outputs
+    (what SuffixDecoding's global tree is to vLLM's `suffix`). Handles share the mapping but not
+    an online layer, so one may learn while another stays frozen.
 
     The query code reads a frozen file plus the online layer, so the frozen part is an empty file
     (one root node, ~17 KB) built into a temporary directory, mapped, and unlinked at once: the
-    mapping keeps it alive for this process and nothing is left on disk.
+    mappings keep it alive for this process and nothing is left on disk.
     """
     from vllm_treespec.ngram.trie import NgramTrie
 
@@ -214,11 +216,9 @@ def online_only_trie(order: int, vocab_size: int, capacity_mb: float, *, weight:
     try:
         path = Path(scratch) / "empty.trie"
         build_trie_from_streams([], path, order=order, vocab_size=vocab_size, memory_mb=1)
-        trie = NgramTrie.load(path)
+        return [NgramTrie.load(path) for _ in range(handles)]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    trie.enable_online(capacity_mb=capacity_mb, weight=weight)
-    return trie
 
 
 def _tokenizer_meta(tokenizer: str | Path | None) -> tuple[str | None, int | None, bytes, str]:
