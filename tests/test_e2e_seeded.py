@@ -1,6 +1,6 @@
 """Seeded sampled requests give the same tokens whatever else the engine serves with them.
 
-Prompt lookup (the default preset: chains, target-only rule): the same seeded requests run one
+Prompt lookup (chains, target-only rule): the same seeded requests run one
 at a time (concurrency 1) and eight at a time, next to requests that ask for logprobs (vLLM's
 sampler then runs over the whole batch in the same steps, advancing vLLM's generator of every
 seeded request) and requests with other seeds (or the same seed). Tree acceptance draws from its

@@ -7,7 +7,8 @@ other `demo/` presets on its fixtures). A mapping (inline or in a file)
 may start from a preset with `preset: NAME` and override its keys.
 Validated once at startup (and by `vllm-treespec serve` before vLLM starts); any problem raises one
 `ConfigError` naming the key, what is allowed and how to fix it. Without a `treespec` entry the
-deployment uses the `prompt-lookup` preset.
+deployment uses the `lookup-online` preset (model-free: prompt lookup plus a trie learnt from the
+deployment's own outputs).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from vllm_treespec.presets import (budget_presets, configs_dir, expand_preset,
 from vllm_treespec.schema import ConfigError, did_you_mean, parse_section, reference_rows, spec, to_dict
 
 CONFIGS_DIR = configs_dir()
-DEFAULT_PRESET = "prompt-lookup"
+DEFAULT_PRESET = "lookup-online"
 
 # How to make the file a drafter needs (said when its path is missing).
 _SERVE_WITH = ("then serve with --additional-config '{{\"treespec\": {{\"preset\": \"PRESET\", "
