@@ -65,8 +65,10 @@ def test_preset_key_merges_overrides_over_a_preset(tmp_path):
 
 
 def test_missing_treespec_entry_uses_default_preset():
-    assert from_additional_config({}, 4).drafter.type == "prompt_lookup"
-    assert from_additional_config(None, 4).drafter.type == "prompt_lookup"
+    """The default is model-free: prompt lookup plus a trie learnt online, no file."""
+    for missing in ({}, None):
+        drafter = from_additional_config(missing, 4).drafter
+        assert drafter.type == "lookup_trie" and drafter.path is None and drafter.online_mb > 0
 
 
 def test_engine_args_name_treespec_or_not():

@@ -38,7 +38,7 @@ def _sched(budget=0):
 def proposer():
     from vllm_treespec.engine.proposer import TreeProposer
 
-    return TreeProposer(_vllm_config(k=4))
+    return TreeProposer(_vllm_config(k=4, treespec="prompt-lookup"))   # drafts follow the row's own text
 
 
 def test_drafts_follow_budget_and_skip_non_decoding_rows(proposer):
