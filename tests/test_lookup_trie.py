@@ -307,3 +307,26 @@ def test_seeded_sampled_requests_draft_without_what_other_requests_taught_the_tr
     drafter.observe_output(np.array([20, 7, 8, 9, 10, 11], np.int32))
     drafts = [t.draft_token_ids() for t in drafter.propose(inputs).trees]
     assert drafts == [[9, 10, 11], [9, 10, 11], []]
+
+
+def test_a_corpus_trie_learning_online_keeps_a_frozen_handle_for_seeded_requests():
+    """With a trie file and online_mb, seeded sampled requests draft from the file's counts
+    alone: a second handle on the same mapping, without the online layer."""
+    from types import SimpleNamespace
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.trie"
+        build_trie_from_streams([[1, 2, 3, 4] * 10], path, order=2, vocab_size=32)
+        cfg = load_config({"drafter": {"type": "lookup_trie", "path": str(path), "online_mb": 1,
+                                       "lookup_weight": 0.0},
+                           "tree": {"builder": "chain", "max_depth": 2}}, 8)
+        drafter = make_drafter(cfg.drafter, None, cfg.tree)
+        assert drafter.seeded_trie.path == drafter.trie.path and drafter.seeded_trie.online_stats() is None
+        for _ in range(20):                     # served outputs: after 1 comes 9, not 2
+            drafter.observe_output(np.array([1, 9] * 4, np.int32))
+        buf = np.array([[5, 1]] * 2, np.int32)
+        inputs = DraftInputs(req_ids=["sampled", "seeded"], token_ids=buf, rows=np.arange(2),
+                             num_tokens=np.array([2, 2]), budgets=np.array([1, 1]),
+                             sampling=[SimpleNamespace(temperature=0.7, seed=None),
+                                       SimpleNamespace(temperature=0.7, seed=3)])
+        assert [t.draft_token_ids() for t in drafter.propose(inputs).trees] == [[9], [2]]

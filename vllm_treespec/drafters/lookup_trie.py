@@ -80,7 +80,7 @@ class LookupTrieDrafter(Drafter):
             self.trie, plain = empty_tries(int(config.order or ONLINE_ONLY_ORDER), int(vocab_limit), 2)
         else:
             self.trie = load_checked_trie(config.path, tokenizer_dir, config.order)
-            plain = load_checked_trie(config.path, tokenizer_dir, config.order) if self.online else None
+            plain = self._frozen_twin(self.trie) if self.online else None
         sampled = getattr(config, "sampled_path", None)
         self.sampled_trie = (None if sampled is None else
                              load_checked_trie(sampled, tokenizer_dir, config.order,
@@ -88,8 +88,7 @@ class LookupTrieDrafter(Drafter):
         # seeded sampled requests: the sampled trie (else the greedy one) without the online layer
         self.seeded_trie = None
         if self.online:
-            self.seeded_trie = plain if self.sampled_trie is None else \
-                load_checked_trie(sampled, tokenizer_dir, config.order, key="drafter.sampled_path")
+            self.seeded_trie = plain if self.sampled_trie is None else self._frozen_twin(self.sampled_trie)
             for trie in self._tries():
                 trie.enable_online(capacity_mb=float(config.online_mb))
         self.chain = tree is None or tree.builder == "chain"
@@ -101,6 +100,13 @@ class LookupTrieDrafter(Drafter):
                            min_path_prob=float(config.min_path_prob))
         self.capabilities = DrafterCapabilities(
             observes_output=self.online, reads_sampling=self.sampled_trie is not None or self.online)
+
+    @staticmethod
+    def _frozen_twin(trie: Any) -> Any:
+        """A second handle on an already checked trie file, with no online layer of its own."""
+        from vllm_treespec.ngram import NgramTrie
+
+        return NgramTrie.load(trie.path)
 
     def _tries(self) -> list[Any]:
         """The handles that learn online (when drafter.online_mb is set)."""
