@@ -287,6 +287,10 @@ def test_a_lookup_trie_without_a_file_or_online_layer_says_what_to_set():
         load_config({"drafter": {"type": "lookup_trie", "path": None}}, 8)
     assert "drafter.path: required key is missing" in str(e.value)
     assert "drafter.online_mb > 0" in str(e.value)
+    with pytest.raises(ConfigError, match=r"drafter.order: 12 is too long .*allowed 1..8"):
+        load_config({"drafter": {"type": "lookup_trie", "path": None, "online_mb": 1, "order": 12}}, 8)
+    assert load_config({"drafter": {"type": "lookup_trie", "path": None, "online_mb": 1, "order": 8}},
+                       8).drafter.order == 8
 
 
 def test_seeded_sampled_requests_draft_without_what_other_requests_taught_the_trie():

@@ -135,6 +135,13 @@ class LookupTrieConfig:
             raise ConfigError(f"{prefix}.path: required key is missing; " + _MAKE_TRIE
                               + f" (or, model-free: path null with {prefix}.online_mb > 0, a trie "
                               "learnt only from this deployment's outputs)")
+        if self.path is None and self.order is not None:
+            from vllm_treespec.native import native    # the trie format's limit, not a schema bound
+
+            most = int(native().ngram.MAX_ORDER)
+            if self.order > most:
+                raise ConfigError(f"{prefix}.order: {self.order} is too long for a trie learnt online "
+                                  f"(path null); allowed 1..{most}, or null for the default")
         _check_ngram_range(self, prefix)
 
 
