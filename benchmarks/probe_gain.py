@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         "tokens_per_s": tokens / seconds,
         "step_cost_ms": {"base": 1e3 * base, "per_row": 1e3 * row, "speculative_overhead": 1e3 * overhead},
         "rate_tokens_per_s": gain.cost.tokens_per_second(),
-        "measured_costs_tokens": dict(zip(("row", "request"), gain.measured_costs())),
+        "measured_costs_tokens": gain.measured_costs()._asdict(),
         "drafter_ms_per_drafting_request": 1e3 * gain._drafter_seconds,
         "stats": {k: stats[k] for k in ("draft_ms_per_step", "mean_budget", "verify_ms_per_step",
                                         "worker_step_ms", "verified_trees", "mean_accepted", "nodes_hist")},

@@ -180,16 +180,35 @@ def test_a_requests_state_is_its_record_and_goes_with_it():
 
 def test_measured_costs_scale_with_the_rate():
     gain = GainControl(8)
-    assert gain.measured_costs() == (0.0, 0.0)           # nothing measured: draft, then learn
+    assert gain.measured_costs() == (0.0, 0.0, 0.0)      # nothing measured: draft, then learn
     for _ in range(200):
         gain.observe_step(1e-3, 1, False, 1)
         for rows in (5, 9):
             gain.observe_step(1.5e-3 + 1e-4 * (rows - 1), rows, True, 4, drafting=1,
                               drafter_seconds=1e-4, overhead_seconds=5e-4)
-    row, request = gain.measured_costs()
+    row, request, greedy_request = gain.measured_costs()
     rate = gain.cost.tokens_per_second()
     assert row == pytest.approx(1e-4 * rate, rel=0.1)
-    assert request > row
+    assert greedy_request == pytest.approx(1e-4 * rate, rel=0.01)      # its drafter time
+    assert request == pytest.approx((5e-4 + 1e-4) * rate, rel=0.1)     # + the step's overhead
+
+
+def test_a_greedy_request_is_not_charged_the_steps_overhead():
+    """A greedy request whose rows pay keeps its draft however few requests drafted in the
+    last speculative step; the step's overhead is checked once, for the whole step (settle).
+    Charging each request a share of it (the share of the last step's drafters) stopped more
+    requests the fewer drafted. Unseeded sampled requests keep the share."""
+    for drafting in (8, 1):
+        gain = _costed(1e-3, drafting=drafting)
+        reqs = _Requests(gain)
+        _learn(gain, reqs["r"], 16, 3)
+        costs = gain.measured_costs()
+        d = gain.decide(reqs["r"], 16, costs=costs)
+        assert d.nodes > 0 and 0 < d.net < gain.margin * gain.step_cost()
+        assert not gain.settle([d])                         # alone it cannot pay for the step
+        assert gain.settle([d] * 8)                         # eight such drafts can
+    _learn(gain, reqs["s"], 16, 3)                          # the last step had one drafter:
+    assert gain.decide(reqs["s"], 16, costs=costs, cls="T0.7").nodes == 0     # sampled: charged the share
 
 
 def test_gain_config_is_checked():

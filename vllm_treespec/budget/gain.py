@@ -15,8 +15,17 @@ Per request, step and candidate depth d the controller compares
                                                   decayed acceptance by depth (budget/reach.py)
     row_cost = row_seconds * tokens_per_second    tokens the batch loses per extra verified row
 and drafts n = the deepest d with reach(d) >= row_cost, if
-    sum(reach[:n]) - n * row_cost > request_cost  (spec-step overhead shared by the drafting
-                                                  requests + drafter seconds, in tokens)
+    sum(reach[:n]) - n * row_cost > request_cost  (drafter seconds, in tokens; for sampled
+                                                  requests also a share of the spec-step overhead)
+The speculative step's overhead (spec-decode metadata, tree acceptance for every request in it) is
+one cost for the whole step: the step goes speculative only if its drafts' summed net gain
+exceeds it (`settle`), otherwise they are held and the step is plain. A greedy request's decision
+prices only its own rows and drafter time. Charging it a share of the overhead as well (the share
+of the last speculative step's drafters) fed on itself: when few drafted, each was charged more,
+so fewer drafted, and served at 8 greedy clients 80% of decisions were `stopped`
+(docs/never-slower.md section 2). Unseeded sampled requests keep that share in their own cost:
+on this CPU drafting them more has measured as losing, and whether the joint rule alone would
+lose for them is not measured.
 where row_seconds, the speculative step's overhead and tokens_per_second are measured online from
 decode steps (`StepCost`: step seconds = base + row_seconds * rows, fitted by exponentially
 weighted least squares, plus the overhead the engine times in every speculative step). As the
@@ -41,14 +50,14 @@ Pure Python and numpy: no vLLM.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
 from vllm_treespec.budget.reach import SAMPLED, ReachCap, ReachRecord, observe_depths
 
-__all__ = ["ClassAcceptance", "GAIN_DECISIONS", "GainControl", "GainDecision", "GainRecord", "StepCost",
-           "decision_kind", "gain_class"]
+__all__ = ["ClassAcceptance", "GAIN_DECISIONS", "GainControl", "GainCosts", "GainDecision", "GainRecord",
+           "StepCost", "decision_kind", "gain_class"]
 
 
 def gain_class(temperature: float | None) -> str | None:
@@ -185,6 +194,14 @@ class GainRecord:
     cls: str | None = None           # unseeded: its sampling class (its drafts feed the class's counts)
 
 
+class GainCosts(NamedTuple):
+    """A step's measured costs in tokens, before the margin (`GainControl.measured_costs`)."""
+    row: float                          # one extra verified row
+    request: float                      # an unseeded sampled request's fixed cost: its drafter
+                                        # time and its share of the speculative step's overhead
+    greedy_request: float | None = None  # a greedy request's: its drafter time (None: `request`)
+
+
 @dataclass(frozen=True)
 class GainDecision:
     nodes: int
@@ -244,14 +261,16 @@ class GainControl:
         self._class_interval: dict[str, int] = {}    # first probe interval of a class's requests
 
     # -- costs -------------------------------------------------------------------------------
-    def measured_costs(self) -> tuple[float, float]:
-        """(tokens lost per extra verified row, tokens a drafting request's fixed cost loses),
-        from the measured decode steps; (0, 0) before the first one (draft, then learn)."""
+    def measured_costs(self) -> GainCosts:
+        """The tokens an extra verified row and a drafting request's fixed cost lose, from the
+        measured decode steps (module docstring: a greedy request's fixed cost is its drafter
+        time alone); all 0 before the first one (draft, then learn)."""
         if not self.cost.ready:
-            return 0.0, 0.0
+            return GainCosts(0.0, 0.0, 0.0)
         rate = self.cost.tokens_per_second()
         _, row, overhead = self.cost.coefficients()
-        return row * rate, (overhead / max(self._drafting, 1) + self._drafter_seconds) * rate
+        drafter = self._drafter_seconds * rate
+        return GainCosts(row * rate, overhead / max(self._drafting, 1) * rate + drafter, drafter)
 
     def step_cost(self) -> float:
         """Tokens a speculative step's overhead costs the batch, whoever drafts in it."""
@@ -278,7 +297,7 @@ class GainControl:
             self._step % self.calibrate_every == self.calibrate_every - 1
 
     def decide(self, record: GainRecord, cap: int, seeded_sampled: bool = False,
-               costs: tuple[float, float] | None = None, cls: str | None = None) -> GainDecision:
+               costs: GainCosts | tuple[float, float] | None = None, cls: str | None = None) -> GainDecision:
         """The nodes of the request whose state is `record` this step, at most `cap` (its budget
         from the mode, room and eligibility). `costs`: `measured_costs()` computed once per step by
         the caller; `cls`: an unseeded request's sampling class (its prior and probe interval are
@@ -300,7 +319,10 @@ class GainControl:
             row_cost, request_cost = self.fixed_row_cost, self.fixed_request_cost
             cls = None
         else:
-            row_cost, request_cost = costs if costs is not None else self.measured_costs()
+            row_cost, request_cost, greedy_cost = GainCosts(*(costs if costs is not None else
+                                                              self.measured_costs()))
+            if cls is None and greedy_cost is not None:
+                request_cost = greedy_cost
             row_cost, request_cost = self.margin * row_cost, self.margin * request_cost
             if cls is not None:
                 record.cls = cls
@@ -318,7 +340,8 @@ class GainControl:
         if pays:
             record.waited = record.interval = None
             record.probing = False
-            return GainDecision(n, net=float(reach[:n].sum()) - n * row_cost, own=seeded_sampled)
+            return GainDecision(n, net=float(reach[:n].sum()) - n * row_cost - request_cost,
+                                own=seeded_sampled)
         waited = (record.waited or 0) + 1
         if record.interval is None:
             record.interval = self._class_interval.get(cls, self.probe_every) \
@@ -331,14 +354,13 @@ class GainControl:
         return GainDecision(0)
 
     def settle(self, decisions: Sequence[GainDecision]) -> bool:
-        """Whether this step's drafts together pay for making it speculative. Each request's own
-        decision charges it a share of the speculative step's overhead (the share of the last
-        speculative step's drafting requests); when fewer requests draft now, the few that do
-        would make the whole step speculative for gains that do not cover it. So unless the step
-        is speculative anyway (a probe, or a seeded request, which decides on its own history),
-        its drafts go ahead only if their summed net gain exceeds the whole overhead (times the
-        margin); otherwise the caller holds them back and the step is a plain one. The held
-        requests keep their state and decide again next step."""
+        """Whether this step's drafts together pay for making it speculative (module docstring).
+        The speculative step's overhead (spec-decode metadata and tree acceptance for every
+        request in the step) is paid once, by the step. So unless the step is speculative
+        anyway (a probe, or a seeded request, which decides on its own history), its drafts go
+        ahead only if their summed net gain (each net of its own costs) exceeds the whole
+        overhead (times the margin); otherwise the caller holds them back and the step is a
+        plain one. The held requests keep their state and decide again next step."""
         drafts = [d for d in decisions if d.nodes > 0]
         if not drafts or any(d.probe or d.own for d in drafts):
             return True

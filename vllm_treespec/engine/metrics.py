@@ -99,7 +99,8 @@ class TreeMetrics:
                                       "(draft, probe, stopped, calibration, held), one per request and step.",
                                       ["decision"])
         self.gain_cost = gauge("treespec_gain_cost_tokens", "budget.gain: measured cost in tokens of a "
-                               "verified row (row) and of drafting at all (request), before the margin.",
+                               "verified row (row) and of drafting at all (request: a sampled request's, greedy_request: "
+                               "a greedy request's), before the margin.",
                                ["part"])
         self.gain_step = gauge("treespec_gain_step_seconds", "budget.gain's step-cost fit: base, per "
                                "verified row (row) and per speculative step (speculative) seconds.",
@@ -133,12 +134,12 @@ class TreeMetrics:
     def observe_step(self, seconds: float) -> None:
         self.step_seconds.observe(seconds)
 
-    def observe_gain(self, counts: dict[str, int], costs: tuple[float, float],
+    def observe_gain(self, counts: dict[str, int], costs: Sequence[float],
                      coefficients: tuple[float, float, float]) -> None:
         for decision, n in counts.items():
             if n:
                 self.gain_decisions.labels(self.model_name, decision).inc(n)
-        for part, value in zip(("row", "request"), costs):
+        for part, value in zip(("row", "request", "greedy_request"), costs):
             self.gain_cost.labels(self.model_name, part).set(value)
         for part, value in zip(("base", "row", "speculative"), coefficients):
             self.gain_step.labels(self.model_name, part).set(value)

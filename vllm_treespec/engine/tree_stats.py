@@ -102,12 +102,13 @@ class TreeStats:
             self.metrics.observe_reach(caps)
         self.reach_caps = dict(caps)
 
-    def observe_gain(self, counts: dict[str, int], costs: tuple[float, float],
+    def observe_gain(self, counts: dict[str, int], costs: Sequence[float],
                      coefficients: tuple[float, float, float]) -> None:
         """budget.gain, once per step in which it decided: how many requests it let draft,
         probed, kept stopped, held for calibration or held because the step could not pay for
-        its drafts (`held`); the costs it decided with (tokens per
-        verified row, tokens per drafting request, before the margin); its step-cost fit
+        its drafts (`held`); the costs it decided with (budget.gain.GainCosts: tokens per
+        verified row, per drafting sampled request, per drafting greedy request, before the
+        margin); its step-cost fit
         (base, per-row and speculative-step seconds)."""
         if self.metrics is not None:
             self.metrics.observe_gain(counts, costs, coefficients)
