@@ -7,7 +7,7 @@ import weakref
 import numpy as np
 import pytest
 
-from vllm_treespec.budget.gain import GainControl, GainRecord, StepCost
+from vllm_treespec.budget.gain import GainControl, GainCosts, GainRecord, StepCost
 from vllm_treespec.config import ConfigError, load_config
 
 
@@ -65,6 +65,11 @@ class _Requests(dict):
         return record
 
 
+def _costs(row: float, request: float) -> GainCosts:
+    """Fixed costs in tokens, the same fixed cost for greedy and sampled requests."""
+    return GainCosts(row, request, request)
+
+
 def _learn(gain: GainControl, req: GainRecord, depth: int, accepted: int, times: int = 30) -> None:
     for _ in range(times):
         gain.observe_trees([req], [depth], [accepted])
@@ -75,7 +80,7 @@ def test_requests_whose_drafts_pay_draft_and_others_stop():
     reqs = _Requests(gain)
     _learn(gain, reqs["good"], 16, 12)
     _learn(gain, reqs["bad"], 16, 0)
-    costs = (0.05, 0.5)           # tokens per verified row, tokens per drafting request
+    costs = _costs(0.05, 0.5)           # tokens per verified row, tokens per drafting request
     good = gain.decide(reqs["good"], 16, costs=costs)
     bad = gain.decide(reqs["bad"], 16, costs=costs)
     assert good.nodes >= 12 and not good.probe
@@ -86,12 +91,12 @@ def test_rows_get_dearer_with_load_and_trees_shrink():
     gain = GainControl(16, margin=1.0)
     reqs = _Requests(gain)
     _learn(gain, reqs["r"], 16, 6)
-    light = gain.decide(reqs["r"], 16, costs=(0.03, 0.3)).nodes
-    heavy = gain.decide(reqs["r"], 16, costs=(0.6, 0.3)).nodes
+    light = gain.decide(reqs["r"], 16, costs=_costs(0.03, 0.3)).nodes
+    heavy = gain.decide(reqs["r"], 16, costs=_costs(0.6, 0.3)).nodes
     assert 0 < heavy < light
 
 
-def _probe_steps(gain: GainControl, req: GainRecord, steps: int, costs: tuple[float, float],
+def _probe_steps(gain: GainControl, req: GainRecord, steps: int, costs: GainCosts,
                  accepted: int = 0) -> list[int]:
     probes = []
     for step in range(1, steps + 1):
@@ -108,7 +113,7 @@ def test_stopped_requests_are_probed_with_backoff():
     gain = GainControl(8, probe_every=2, max_probe_every=8, probe_nodes=2)
     reqs = _Requests(gain)
     _learn(gain, reqs["r"], 8, 0)
-    probes = _probe_steps(gain, reqs["r"], 60, (0.1, 1.0))
+    probes = _probe_steps(gain, reqs["r"], 60, _costs(0.1, 1.0))
     assert all(p % 2 == 0 for p in probes)                 # on the shared clock
     assert np.diff(probes).tolist()[:4] == [2, 4, 8, 8], probes    # 2 -> 4 -> 8 (capped)
 
@@ -123,7 +128,7 @@ def test_unseeded_requests_probe_in_the_same_steps():
     for step in range(1, 80):
         gain.begin_step()
         for r in steps:
-            if gain.decide(reqs[r], 8, costs=(0.1, 1.0)).nodes:
+            if gain.decide(reqs[r], 8, costs=_costs(0.1, 1.0)).nodes:
                 steps[r].append(step)
                 gain.observe_trees([reqs[r]], [2], [0])
     assert steps["a"] == steps["b"] == steps["c"] and steps["a"]
@@ -133,7 +138,7 @@ def test_a_probe_that_accepts_resumes_drafting():
     gain = GainControl(8, probe_every=1, probe_nodes=2, calibrate_every=0)
     reqs = _Requests(gain)
     _learn(gain, reqs["r"], 8, 0)
-    costs = (0.05, 0.3)
+    costs = _costs(0.05, 0.3)
     gain.begin_step()
     assert gain.decide(reqs["r"], 8, costs=costs).probe
     for _ in range(5):                                   # the text turned repetitive
@@ -146,7 +151,7 @@ def test_probes_that_accept_too_little_to_pay_still_back_off():
     gain = GainControl(8, probe_every=2, max_probe_every=16, probe_nodes=2)
     reqs = _Requests(gain)
     _learn(gain, reqs["r"], 8, 0)
-    probes = _probe_steps(gain, reqs["r"], 80, (0.2, 1.0), accepted=1)   # one token: not enough
+    probes = _probe_steps(gain, reqs["r"], 80, _costs(0.2, 1.0), accepted=1)   # one token: not enough
     assert np.diff(probes).tolist()[:4] == [2, 4, 8, 16], probes
 
 
@@ -155,8 +160,8 @@ def test_seeded_sampled_decisions_ignore_measured_costs():
     gain = GainControl(16, fixed_row_cost=0.05, fixed_request_cost=0.5)
     reqs = _Requests(gain)
     _learn(gain, reqs["s"], 16, 5)
-    a = gain.decide(reqs["s"], 16, seeded_sampled=True, costs=(0.01, 0.0))
-    b = gain.decide(reqs["s"], 16, seeded_sampled=True, costs=(0.9, 5.0))
+    a = gain.decide(reqs["s"], 16, seeded_sampled=True, costs=_costs(0.01, 0.0))
+    b = gain.decide(reqs["s"], 16, seeded_sampled=True, costs=_costs(0.9, 5.0))
     assert a == b and a.nodes > 0
 
 
@@ -167,7 +172,7 @@ def test_a_requests_state_is_its_record_and_goes_with_it():
     r = gain.new_record()
     _learn(gain, r, 8, 0, times=2)
     gain.begin_step()
-    assert gain.decide(r, 8, costs=(0.5, 1.0), cls="T0.7").probe
+    assert gain.decide(r, 8, costs=_costs(0.5, 1.0), cls="T0.7").probe
     gain.observe_trees([r], [2], [0])
     assert (r.waited, r.interval, r.probing, r.probed, r.cls) == (0, 2, False, True, "T0.7")
     assert r.acceptance.reached[0] > 0
@@ -230,7 +235,7 @@ def test_margin_stops_drafts_the_model_rates_break_even():
     records = {g: g.new_record() for g in (plain, careful)}
     for g, r in records.items():
         _learn(g, r, 8, 1)          # about one token accepted per step
-    costs = (0.1, 0.45)
+    costs = _costs(0.1, 0.45)
     assert plain.decide(records[plain], 8, costs=costs).nodes > 0
     assert careful.decide(records[careful], 8, costs=costs).nodes == 0
 
@@ -241,7 +246,7 @@ def _class_history(gain: GainControl, cls: str, accepted: int, requests: int = 1
         req = gain.new_record()         # dropped when it finishes: only its class's counts stay
         for _ in range(5):
             gain.begin_step()
-            if gain.decide(req, 8, costs=(0.05, 0.3), cls=cls).nodes:
+            if gain.decide(req, 8, costs=_costs(0.05, 0.3), cls=cls).nodes:
                 gain.observe_trees([req], [8], [accepted])
 
 
@@ -252,7 +257,7 @@ def test_new_requests_start_from_their_class_acceptance():
     reqs = _Requests(gain)
     _class_history(gain, "T0.7", accepted=0)
     _class_history(gain, "greedy", accepted=7)
-    costs = (0.05, 0.3)
+    costs = _costs(0.05, 0.3)
     assert gain.decide(reqs["new-sampled"], 8, costs=costs, cls="T0.7").nodes == 0
     assert gain.decide(reqs["new-greedy"], 8, costs=costs, cls="greedy").nodes >= 7
     assert gain.decide(reqs["new-seeded"], 8, seeded_sampled=True, costs=costs, cls="T0.7").nodes == 8
@@ -265,7 +270,7 @@ def test_a_classes_failed_probes_lengthen_its_new_requests_first_wait():
     reqs = _Requests(gain)
     _class_history(gain, "T1.0", accepted=0)
     _learn(gain, reqs["no-class"], 8, 0)        # stopped by its own history, like the class
-    costs = (0.2, 1.0)
+    costs = _costs(0.2, 1.0)
     probes = {"no-class": 0, "new": 0}
     for _ in range(40):
         gain.begin_step()
@@ -287,13 +292,13 @@ def test_calibration_steps_leave_unseeded_requests_undrafted():
     drafted = []
     for _ in range(12):
         gain.begin_step()
-        drafted.append((gain.decide(reqs["g"], 8, costs=(0.05, 0.3)).nodes,
+        drafted.append((gain.decide(reqs["g"], 8, costs=_costs(0.05, 0.3)).nodes,
                         gain.decide(reqs["s"], 8, seeded_sampled=True).nodes))
     assert [g for g, _ in drafted] == [8, 8, 0, 8] * 3
     assert all(s == 8 for _, s in drafted)
     uncalibrated = GainControl(8, calibrate_every=0)
     x = uncalibrated.new_record()
-    assert all(uncalibrated.decide(x, 8, costs=(0.0, 0.0)).nodes == 8 for _ in range(3))
+    assert all(uncalibrated.decide(x, 8, costs=_costs(0.0, 0.0)).nodes == 8 for _ in range(3))
 
 
 def test_decision_kinds_for_metrics():
@@ -311,7 +316,7 @@ def test_a_probe_accepted_to_its_end_keeps_probing_soon():
     gain = GainControl(8, probe_every=2, max_probe_every=16, probe_nodes=2, calibrate_every=0)
     reqs = _Requests(gain)
     _learn(gain, reqs["r"], 8, 0)
-    probes = _probe_steps(gain, reqs["r"], 40, (0.2, 3.0), accepted=2)     # dear to draft: stays probing
+    probes = _probe_steps(gain, reqs["r"], 40, _costs(0.2, 3.0), accepted=2)     # dear to draft: stays probing
     assert np.diff(probes).tolist()[:4] == [2, 2, 2, 2], probes
 
 

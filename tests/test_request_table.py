@@ -55,7 +55,7 @@ def test_release_frees_the_requests_budget_records():
     import gc
     import weakref
 
-    from vllm_treespec.budget.gain import GainControl
+    from vllm_treespec.budget.gain import GainControl, GainCosts
     from vllm_treespec.budget.reach import ReachCap
 
     reach, gain = ReachCap(0.3, max_depth=4), GainControl(4)
@@ -66,7 +66,7 @@ def test_release_frees_the_requests_budget_records():
     assert records == (st.reach_record(reach), st.gain_record(gain)) == (st.reach, st.gain)
     reach.observe([st.reach], [4], [1])
     gain.begin_step()
-    gain.decide(st.gain, 4, costs=(0.1, 1.0), cls="T0.7")
+    gain.decide(st.gain, 4, costs=GainCosts(0.1, 1.0, 1.0), cls="T0.7")
     gain.observe_trees([st.gain], [4], [1])
     refs = [weakref.ref(r) for r in records]
     del st, records

@@ -199,7 +199,7 @@ class GainCosts(NamedTuple):
     row: float                          # one extra verified row
     request: float                      # an unseeded sampled request's fixed cost: its drafter
                                         # time and its share of the speculative step's overhead
-    greedy_request: float | None = None  # a greedy request's: its drafter time (None: `request`)
+    greedy_request: float               # a greedy request's: its drafter time
 
 
 @dataclass(frozen=True)
@@ -297,7 +297,7 @@ class GainControl:
             self._step % self.calibrate_every == self.calibrate_every - 1
 
     def decide(self, record: GainRecord, cap: int, seeded_sampled: bool = False,
-               costs: GainCosts | tuple[float, float] | None = None, cls: str | None = None) -> GainDecision:
+               costs: GainCosts | None = None, cls: str | None = None) -> GainDecision:
         """The nodes of the request whose state is `record` this step, at most `cap` (its budget
         from the mode, room and eligibility). `costs`: `measured_costs()` computed once per step by
         the caller; `cls`: an unseeded request's sampling class (its prior and probe interval are
@@ -319,11 +319,9 @@ class GainControl:
             row_cost, request_cost = self.fixed_row_cost, self.fixed_request_cost
             cls = None
         else:
-            row_cost, request_cost, greedy_cost = GainCosts(*(costs if costs is not None else
-                                                              self.measured_costs()))
-            if cls is None and greedy_cost is not None:
-                request_cost = greedy_cost
-            row_cost, request_cost = self.margin * row_cost, self.margin * request_cost
+            costs = costs if costs is not None else self.measured_costs()
+            row_cost = self.margin * costs.row
+            request_cost = self.margin * (costs.request if cls is not None else costs.greedy_request)
             if cls is not None:
                 record.cls = cls
                 prior = self.classes.rates(cls)
