@@ -13,6 +13,14 @@ serving run at concurrency 1 up to the scheduler's cuts near max_model_len (none
     .venv/bin/python benchmarks/replay_tau.py --budgets 16 --configs demo/ngram-trie demo/ngram-trie-tree
     .venv/bin/python benchmarks/replay_tau.py --config-json '{"drafter": {"type": "ngram_trie", "path": "fixture:stdlib-3gram"}, "tree": {"builder": "beam"}}'
 
+On unseen prompts (benchmarks/unseen_prompts.py, what bench_matrix serves), beside vLLM's `suffix`
+method replayed through arctic_inference's SuffixDecodingCache with vLLM 0.32's defaults (needs
+benchmarks/install_suffix.sh; the request's response is added to its cache as it grows and
+joins the global tree when the request finishes, as vLLM's proposer does):
+
+    .venv/bin/python benchmarks/replay_tau.py --prompts unseen --num-prompts 64 --budgets 24 \
+        --configs lookup-online suffix
+
 tau here = 1 + accepted / steps-with-a-draft (the serving benchmark's definition); also printed:
 tokens per step over all steps, and drafting time per step (drafter + builder, one thread).
 
@@ -71,9 +79,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-prompts", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0, help="prompt sampling seed (as bench_serving)")
+    p.add_argument("--prompts", choices=("held-out", "unseen"), default="held-out",
+                   help="held-out stdlib files (the fixtures' corpus) or unseen third-party code")
     p.add_argument("--budgets", type=int, nargs="+", default=[8, 16, 32, 64])
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1],
+                   help="requests in flight at once (continuous batching; drafters that read "
+                        "target states: 1 only)")
     p.add_argument("--configs", nargs="*", default=list(DEFAULT_CONFIGS),
-                   help=f"preset names or {', '.join(INLINE)}")
+                   help=f"preset names, {', '.join(INLINE)} or suffix (vLLM's suffix method)")
     p.add_argument("--config-json", action="append", default=[], help="extra inline treespec config")
     p.add_argument("--output", type=Path, default=None, help="JSON record (default: print only)")
     return p.parse_args(argv)
@@ -129,54 +142,136 @@ def target_features(model: Any, records: Sequence[dict], aux_ids: Sequence[int])
 
 
 def replay(drafter: Any, budget: int, records: Sequence[dict], max_len: int = 1024,
-           features: Sequence[list[Any]] | None = None) -> dict:
-    """Replay one drafter over every recorded request, in order (concurrency 1). `features`:
-    per record the target's aux hidden states (drafters whose capabilities say uses_target_states)."""
+           features: Sequence[list[Any]] | None = None, concurrency: int = 1) -> dict:
+    """Replay one drafter over every recorded request. `concurrency` requests are in flight at
+    once, in order, each finished one replaced by the next (continuous batching); a step drafts
+    for every request in flight in one propose call, so drafters that learn from other requests
+    see them as a server would. `features`: per record the target's aux hidden states (drafters
+    whose capabilities say uses_target_states)."""
     from vllm_treespec.drafters import DraftInputs
     from vllm_treespec.drafters.base import TargetStates
 
     steps = drafted_steps = accepted = nodes = 0
     draft_s = 0.0
-    for r, rec in enumerate(records):
-        prompt, out = rec["prompt_ids"], rec["output_ids"]
-        buf = np.zeros((1, max_len), dtype=np.int32)
-        full = prompt + out
-        buf[0, :len(full)] = full
-        t = 1                                  # the first output token comes from the prefill
-        committed = 0                          # positions the target has computed so far
-        while t < len(out):
-            n = len(prompt) + t
-            remaining = len(out) - t
-            target = None
-            if features is not None:           # rows committed since the last step: committed..n-2
-                pos = np.arange(committed, n - 1, dtype=np.int64)
-                target = TargetStates(None, features[r], [pos], [pos])
-                committed = n - 1
-            inputs = DraftInputs(req_ids=[f"r{r}"], token_ids=buf, rows=np.zeros(1, dtype=np.int64),
-                                 num_tokens=np.array([n], dtype=np.int64),
-                                 budgets=np.array([min(budget, remaining)], dtype=np.int64), target=target)
-            # the drafter may only read the first n tokens; later ones are the future
-            saved = buf[0, n:].copy()
-            buf[0, n:] = 0
-            start = time.perf_counter()
-            tree = drafter.propose(inputs).trees[0]
-            draft_s += time.perf_counter() - start
-            buf[0, n:] = saved
-            a = accepted_length(tree.tokens, tree.parents, out[t:]) if tree.num_draft else 0
-            a = min(a, remaining - 1)
+    slots = max(1, concurrency)
+    if features is not None and slots > 1:
+        raise ValueError("drafters that read target states replay at concurrency 1 only")
+    buf = np.zeros((slots, max_len), dtype=np.int32)
+    active: list[dict] = []                    # {r, slot, t, committed}
+    pending = list(range(len(records)))
+    free = list(range(slots - 1, -1, -1))
+    while pending or active:
+        while pending and free:                # admit: the first output token comes from the prefill
+            r, slot = pending.pop(0), free.pop()
+            full = records[r]["prompt_ids"] + records[r]["output_ids"]
+            buf[slot] = 0
+            buf[slot, :len(full)] = full
+            active.append({"r": r, "slot": slot, "t": 1, "committed": 0})
+        lens = []
+        for a in active:
+            rec = records[a["r"]]
+            lens.append(len(rec["prompt_ids"]) + a["t"])
+        target = None
+        if features is not None:               # rows committed since the last step: committed..n-2
+            a, n = active[0], lens[0]          # concurrency 1 (checked above)
+            pos = np.arange(a["committed"], n - 1, dtype=np.int64)
+            target = TargetStates(None, features[a["r"]], [pos], [pos])
+            a["committed"] = n - 1
+        remaining = [len(records[a["r"]]["output_ids"]) - a["t"] for a in active]
+        inputs = DraftInputs(req_ids=[f"r{a['r']}" for a in active], token_ids=buf,
+                             rows=np.array([a["slot"] for a in active], dtype=np.int64),
+                             num_tokens=np.array(lens, dtype=np.int64),
+                             budgets=np.array([min(budget, m) for m in remaining], dtype=np.int64),
+                             target=target)
+        # the drafter may only read the first n tokens of a row; later ones are the future
+        saved = [buf[a["slot"], n:].copy() for a, n in zip(active, lens)]
+        for a, n in zip(active, lens):
+            buf[a["slot"], n:] = 0
+        start = time.perf_counter()
+        trees = drafter.propose(inputs).trees
+        draft_s += time.perf_counter() - start
+        for a, n, tail in zip(active, lens, saved):
+            buf[a["slot"], n:] = tail
+        finished = []
+        for a, tree, m in zip(active, trees, remaining):
+            out = records[a["r"]]["output_ids"]
+            acc = accepted_length(tree.tokens, tree.parents, out[a["t"]:]) if tree.num_draft else 0
+            acc = min(acc, m - 1)
             steps += 1
             if tree.num_draft:
                 drafted_steps += 1
                 nodes += tree.num_draft
-                accepted += a
-            t += a + 1
-        if drafter.capabilities.observes_output:
-            drafter.observe_output(np.asarray(out, dtype=np.int32))
-        drafter.on_requests_finished([f"r{r}"])
+                accepted += acc
+            a["t"] += acc + 1
+            if a["t"] >= len(out):
+                finished.append(a)
+        for a in finished:
+            out = records[a["r"]]["output_ids"]
+            if drafter.capabilities.observes_output:
+                drafter.observe_output(np.asarray(out, dtype=np.int32))
+            drafter.on_requests_finished([f"r{a['r']}"])
+            active.remove(a)
+            free.append(a["slot"])
     total = sum(len(rec["output_ids"]) - 1 for rec in records)
     return {"tau": 1 + accepted / max(drafted_steps, 1), "tokens_per_step": total / max(steps, 1),
             "steps": steps, "drafted_steps": drafted_steps, "accepted": accepted,
             "mean_nodes": nodes / max(drafted_steps, 1), "draft_ms_per_step": 1e3 * draft_s / max(steps, 1)}
+
+
+class SuffixReplay:
+    """vLLM 0.32's `suffix` proposer (v1/spec_decode/suffix_decoding.py) over the replay's
+    interface: one arctic_inference SuffixDecodingCache, the request's prompt tree built at its
+    first step, its response added as it grows, the last max_tree_depth tokens as the pattern.
+    Its drafts are chains."""
+
+    class _Caps:
+        observes_output = False
+        uses_target_states = False
+
+    capabilities = _Caps()
+
+    def __init__(self, max_tree_depth: int = 24, max_spec_factor: float = 1.0,
+                 min_token_prob: float = 0.1, max_cached_requests: int = 10000) -> None:
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+        self.cache = SuffixDecodingCache(max_tree_depth=max_tree_depth,
+                                         max_cached_requests=max_cached_requests)
+        self.depth, self.factor, self.min_prob = max_tree_depth, max_spec_factor, min_token_prob
+        self.seen: dict[str, int] = {}     # req_id -> tokens handed to the cache so far
+
+    def propose(self, inputs: Any) -> Any:
+        from vllm_treespec.drafters.base import Proposal, chain_trees
+
+        chains = []
+        for req, row, n, budget in zip(inputs.req_ids, inputs.rows, inputs.num_tokens, inputs.budgets):
+            tokens, n = inputs.token_ids[int(row)], int(n)
+            if req not in self.seen:
+                # the first output token came from the prefill: the prompt is everything before it
+                self.cache.start_request(req, tokens[:n - 1].copy())
+                self.seen[req] = n - 1
+            self.cache.add_active_response(req, tokens[self.seen[req]:n].copy())
+            self.seen[req] = n
+            draft = self.cache.speculate(req, tokens[max(0, n - self.depth):n].copy(),
+                                         max_spec_tokens=int(budget), max_spec_factor=self.factor,
+                                         min_token_prob=self.min_prob)
+            chains.append(list(draft.token_ids))
+        return Proposal(chain_trees(inputs, chains))
+
+    def on_requests_finished(self, req_ids: Sequence[str]) -> None:
+        for req in req_ids:
+            self.cache.stop_request(req)
+            self.seen.pop(req, None)
+
+
+def prompt_texts(kind: str, num: int, seed: int) -> list[str]:
+    """The replay's prompts: held-out stdlib files or unseen third-party function heads."""
+    if kind == "unseen":
+        from unseen_prompts import build_prompts
+
+        return [p.text for p in build_prompts(num, seed=seed)]
+    from vllm_treespec.train.corpus import held_out_prompts
+
+    return held_out_prompts(num, seed=seed)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,44 +279,57 @@ def main(argv: list[str] | None = None) -> int:
     from vllm_treespec.config import from_additional_config
     from vllm_treespec.drafters import make_drafter
     from treespec_fixtures import build_fixture
-    from vllm_treespec.train.corpus import held_out_prompts
 
     model_dir = build_fixture(ns.fixture)
-    prompts = held_out_prompts(ns.num_prompts, seed=ns.seed)
+    prompts = prompt_texts(ns.prompts, ns.num_prompts, ns.seed)
     records = reference_outputs(model_dir, prompts, ns.max_tokens)
+    vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     configs = [(name, INLINE.get(name, name)) for name in ns.configs]
     configs += [(f"inline{i}", json.loads(c)) for i, c in enumerate(ns.config_json)]
     rows = []
     hf_model, features = None, {}
-    print(f"{'config':34s} {'budget':>6s} {'tau':>6s} {'tok/step':>8s} {'nodes':>6s} {'draft ms':>8s}")
-    for budget in ns.budgets:
-        for name, cfg in configs:
-            config = from_additional_config({"treespec": cfg}, budget)
-            drafter = make_drafter(config.drafter, str(model_dir), config.tree, max_model_len=1024,
-                                   max_nodes=config.node_budget(budget))
-            feats = None
-            if drafter.capabilities.uses_target_states:
-                if hf_model is None:
-                    import torch
-                    from transformers import AutoModelForCausalLM
+    print(f"{'config':34s} {'budget':>6s} {'conc':>4s} {'tau':>6s} {'tok/step':>8s} {'nodes':>6s} "
+          f"{'draft ms':>8s}")
 
-                    hf_model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-                drafter.load(hf_model)
-                key = drafter.capabilities.aux_layers
-                if key not in features:
-                    features[key] = target_features(hf_model, records, key)
-                feats = features[key]
-            row = {"config": name, "budget": budget,
-                   **replay(drafter, config.node_budget(budget), records, features=feats), "treespec": cfg}
-            rows.append(row)
-            print(f"{name:34s} {budget:6d} {row['tau']:6.2f} {row['tokens_per_step']:8.2f} "
-                  f"{row['mean_nodes']:6.1f} {row['draft_ms_per_step']:8.3f}", flush=True)
+    def make(cfg: Any, budget: int) -> tuple[Any, int, Any]:
+        """(drafter, node budget, target features or None) for one config."""
+        nonlocal hf_model
+        if cfg == "suffix":
+            return SuffixReplay(), budget, None
+        config = from_additional_config({"treespec": cfg}, budget)
+        drafter = make_drafter(config.drafter, str(model_dir), config.tree, max_model_len=1024,
+                               max_nodes=config.node_budget(budget), vocab_limit=vocab_size)
+        if not drafter.capabilities.uses_target_states:
+            return drafter, config.node_budget(budget), None
+        if hf_model is None:
+            import torch
+            from transformers import AutoModelForCausalLM
+
+            hf_model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+        drafter.load(hf_model)
+        key = drafter.capabilities.aux_layers
+        if key not in features:
+            features[key] = target_features(hf_model, records, key)
+        return drafter, config.node_budget(budget), features[key]
+
+    for concurrency in ns.concurrency:
+        for budget in ns.budgets:
+            for name, cfg in configs:
+                drafter, nodes, feats = make(cfg, budget)   # fresh: nothing learnt from another run
+                row = {"config": name, "budget": budget, "concurrency": concurrency,
+                       **replay(drafter, nodes, records, features=feats, concurrency=concurrency),
+                       "treespec": None if cfg == "suffix" else cfg}
+                rows.append(row)
+                print(f"{name:34s} {budget:6d} {concurrency:4d} {row['tau']:6.2f} "
+                      f"{row['tokens_per_step']:8.2f} {row['mean_nodes']:6.1f} "
+                      f"{row['draft_ms_per_step']:8.3f}", flush=True)
     if ns.output is not None:
         from harness.report import git_commit, hardware_info, software_info
 
         ns.output.write_text(json.dumps({"benchmark": "replay_tau", "hardware": hardware_info(),
                                          "software": software_info(), "commit": git_commit(),
-                                         "fixture": ns.fixture, "prompts": ns.num_prompts,
+                                         "fixture": ns.fixture, "prompt_source": ns.prompts,
+                                         "seed": ns.seed, "prompts": ns.num_prompts,
                                          "max_tokens": ns.max_tokens, "rows": rows}, indent=1))
     return 0
 

@@ -1,0 +1,53 @@
+"""benchmarks/replay_tau.py: the acceptance replay with several requests in flight, as the
+engine batches them, and drafters that learn from finished outputs."""
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+from benchmark_modules import load_benchmark
+
+from vllm_treespec.config import load_config
+from vllm_treespec.drafters import make_drafter
+
+replay_tau = load_benchmark("replay_tau")
+
+# four requests that write the same 30 tokens after different prompts
+RECORDS = [{"prompt_ids": [1 + r, 2, 3], "output_ids": list(range(10, 40))} for r in range(4)]
+
+
+def _online_drafter():
+    cfg = load_config({"drafter": {"type": "lookup_trie", "path": None, "online_mb": 1,
+                                   "recent_max_ngram": 16},
+                       "tree": {"builder": "chain", "max_depth": 32}}, 24)
+    return make_drafter(cfg.drafter, None, cfg.tree, vocab_limit=64, max_nodes=24)
+
+
+@pytest.mark.parametrize("concurrency", [1, 3, 8])
+def test_every_token_is_replayed_once_at_any_concurrency(concurrency):
+    row = replay_tau.replay(_online_drafter(), 24, RECORDS, max_len=64, concurrency=concurrency)
+    total = sum(len(r["output_ids"]) - 1 for r in RECORDS)
+    assert row["steps"] + row["accepted"] == total        # each step: its accepted tokens + 1
+    assert row["tokens_per_step"] == pytest.approx(total / row["steps"])
+
+
+def test_requests_in_flight_together_cannot_learn_from_each_other():
+    """One at a time, each later request drafts the first one's finished output; all four in
+    flight at once, nothing has finished while they run, so nothing is drafted."""
+    one = replay_tau.replay(_online_drafter(), 24, RECORDS, max_len=64, concurrency=1)
+    four = replay_tau.replay(_online_drafter(), 24, RECORDS, max_len=64, concurrency=4)
+    assert one["accepted"] >= 3 * 25 and one["steps"] < 29 + 3 * 3
+    assert four["accepted"] == 0 and four["steps"] == 4 * 29
+
+
+def test_drafters_reading_target_states_replay_one_request_at_a_time():
+    with pytest.raises(ValueError, match="concurrency 1 only"):
+        replay_tau.replay(_online_drafter(), 24, RECORDS, max_len=64, features=[[]] * 4, concurrency=2)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("arctic_inference") is None,
+                    reason="vLLM's suffix method needs arctic-inference (benchmarks/install_suffix.sh)")
+def test_the_suffix_replay_drafts_a_finished_output():
+    row = replay_tau.replay(replay_tau.SuffixReplay(), 24, RECORDS, max_len=64, concurrency=1)
+    assert row["accepted"] >= 3 * 20 and np.isfinite(row["tau"])
