@@ -44,8 +44,10 @@ TREES = {  # name -> (num_speculative_tokens = most nodes per tree, deployment c
     # the self-distilled trie (the code-LM's own continuations): deep, confident trees
     "lookup-trie-distilled-16": (16, {**LOOKUP_TRIE_TREE,
                                       "drafter": {"type": "lookup_trie", "path": "fixture:code-lm-distill-5gram"}}),
-    # no corpus: the trie learns only from this engine's finished outputs (preset lookup-online)
-    "lookup-online-16": (16, {"drafter": {"type": "lookup_trie", "path": None, "online_mb": 16},
+    # no corpus: the trie learns only from this engine's finished outputs and searches them
+    # verbatim (preset lookup-online)
+    "lookup-online-16": (16, {"drafter": {"type": "lookup_trie", "path": None, "online_mb": 16,
+                                          "recent_max_ngram": 16},
                               "tree": {"builder": "best_first", "max_depth": 8}}),
 }
 N = 64
@@ -123,6 +125,7 @@ def test_the_online_only_trie_learnt_from_served_outputs(runs):
     prompts answered before), so drafts from it were verified and the equality test covers them."""
     counters = runs["lookup-online-16"]["proposer"][0]["drafter"]
     assert counters["online_observed_tokens"] > 1000 and counters["online_used_slots"] > 100
+    assert counters["recent_held_tokens"] > 1000
 
 
 def test_cases_were_exercised(runs):

@@ -229,6 +229,11 @@ def test_drafter_from_config_on_the_fixture_trie(tiny_model):
     ({"drafter": {"type": "lookup_trie", "path": "fixture:stdlib-3gram"}, "tree": {"builder": "best_first", "topk": 4}},
      "lookup_trie ranks tree nodes by mixture probabilities"),
     ({"drafter": {"type": "lookup_trie", "path": "fixture:stdlib-3gram", "max_matches": -1}}, "drafter.max_matches"),
+    ({"drafter": {"type": "lookup_trie", "path": "fixture:stdlib-3gram", "recent_max_ngram": 16}},
+     "drafter.recent_max_ngram: 16 needs outputs to search; set drafter.online_mb > 0"),
+    ({"drafter": {"type": "lookup_trie", "path": None, "online_mb": 1, "recent_max_ngram": 16, "recent_mb": 0}},
+     "drafter.recent_mb: 0.0 leaves no room"),
+    ({"drafter": {"type": "lookup_trie", "path": None, "online_mb": 1, "recent_max_ngram": 65}}, "drafter.recent_max_ngram"),
 ])
 def test_config_errors_name_the_key(raw, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -334,3 +339,108 @@ def test_a_corpus_trie_learning_online_keeps_a_frozen_handle_for_seeded_requests
                              sampling=[SimpleNamespace(temperature=0.7, seed=None),
                                        SimpleNamespace(temperature=0.7, seed=3)])
         assert [t.draft_token_ids() for t in drafter.propose(inputs).trees] == [[9], [2]]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_trees_with_recent_outputs_equal_the_reference(seed):
+    """drafter.recent_max_ngram: matches of the suffix in observed outputs compete with the
+    request's own matches (longest wins, own first at equal length), as the reference says."""
+    rng = np.random.default_rng(500 + seed)
+    vocab = int(rng.integers(3, 12))
+    with random_trie_case(rng) as (trie, buf, rows, lens, params):
+        buf = buf % vocab
+        trie.enable_online(capacity_mb=1)
+        trie.enable_recent(1 << 16)
+        motif = rng.integers(vocab, size=int(rng.integers(3, 10))).tolist()
+        outputs = []
+        for _ in range(int(rng.integers(0, 6))):
+            out = (rng.integers(vocab, size=int(rng.integers(0, 6))).tolist() + motif
+                   + rng.integers(vocab, size=int(rng.integers(0, 30))).tolist())
+            outputs.append(out)
+            trie.observe(np.asarray(out, np.int32))
+        p = {**params, "recent_max_ngram": int(rng.integers(2, 20)),
+             "depth_per_match": float(rng.choice([0.0, 0.5, 1.0, 2.0]))}
+        budgets = rng.integers(0, 30, size=len(rows))
+        want = lookup_trie_trees_reference(buf, rows, lens, budgets, trie, recent=outputs, **p)
+        for a, b in zip(native_trees(trie, buf, rows, lens, budgets, **p), want):
+            same(a, b)
+        assert trie.recent_stats()["observed_tokens"] == sum(len(o) for o in outputs)
+
+
+def test_recent_outputs_draft_what_another_request_wrote_after_a_long_shared_context():
+    """The online layer sees 4 tokens of context, after which earlier outputs differ (the more
+    frequent one wins there); the recent outputs hold them verbatim and the request's longer
+    suffix picks the one it follows. Seeded sampled requests never draft from them (other traffic)."""
+    from types import SimpleNamespace
+
+    shared = [5, 6, 7, 8]
+    first = [30, 31, 32, 33] + shared + [40, 41, 42, 43]
+    second = [50, 51, 52, 53] + shared + [60, 61, 62, 63]
+    drafts = {}
+    for recent in (0, 16):
+        cfg = load_config({"drafter": {"type": "lookup_trie", "path": None, "online_mb": 1,
+                                       "recent_max_ngram": recent},
+                           "tree": {"builder": "chain", "max_depth": 4}}, 8)
+        drafter = make_drafter(cfg.drafter, None, cfg.tree, vocab_limit=64)
+        drafter.observe_output(np.array(first, np.int32))
+        for _ in range(2):
+            drafter.observe_output(np.array(second, np.int32))
+        buf = np.array([[1, 2, 31, 32, 33] + shared] * 2, np.int32)
+        inputs = DraftInputs(req_ids=["greedy", "seeded"], token_ids=buf, rows=np.arange(2),
+                             num_tokens=np.array([9, 9]), budgets=np.array([4, 4]),
+                             sampling=[SimpleNamespace(temperature=0.0, seed=None),
+                                       SimpleNamespace(temperature=0.7, seed=1)])
+        drafts[recent] = [t.draft_token_ids() for t in drafter.propose(inputs).trees]
+    assert drafts[16] == [[40, 41, 42, 43], []]
+    assert drafts[0][0] != [40, 41, 42, 43]     # the online layer alone follows the later output
+    assert drafts[0][1] == []
+
+
+def test_recent_outputs_stay_within_their_memory():
+    """The store drops its oldest half when full, and still finds what it holds."""
+    from vllm_treespec.ngram import empty_tries
+
+    trie, _ = empty_tries(5, 64, 2)
+    trie.enable_online(capacity_mb=1)
+    trie.enable_recent(256)
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        trie.observe(rng.integers(40, size=30).astype(np.int32))
+    stats = trie.recent_stats()
+    assert stats["observed_tokens"] == 1200 and stats["held_tokens"] <= 256
+    last = [60, 61, 62, 63, 9, 9, 9]
+    trie.observe(np.array(last, np.int32))
+    buf = np.array([[1, 60, 61, 62]], np.int32)
+    (tree,) = native_trees(trie, buf, [0], [4], [3], min_ngram=1, max_ngram=4, max_matches=4,
+                           max_depth=3, k=4, min_context=1, lookup_weight=1.0, chain=True,
+                           recent_max_ngram=8)
+    assert tree.draft_token_ids() == [63, 9, 9]
+
+
+def test_depth_per_match_sizes_drafts_by_the_matched_context():
+    """drafter.depth_per_match: a 2-token match drafts at most 2 tokens at factor 1 and 4 at
+    factor 2, however long the continuation; where nothing matched, the trie's context length
+    (order - 1) caps it."""
+    from vllm_treespec.ngram import empty_tries
+
+    trie, _ = empty_tries(3, 64, 2)
+    trie.enable_online(capacity_mb=1)
+    trie.enable_recent(1 << 12)
+    trie.observe(np.array([7, 8, 20, 21, 22, 23, 24, 25], np.int32))
+    buf = np.array([[1, 7, 8], [1, 2, 3]], np.int32)
+    kw = dict(min_ngram=1, max_ngram=4, max_matches=4, max_depth=8, k=4, min_context=1,
+              lookup_weight=0.8, chain=True, recent_max_ngram=8)
+    drafts = {f: [t.draft_token_ids() for t in native_trees(trie, buf, [0, 1], [3, 3], [8, 8],
+                                                           **kw, depth_per_match=f)]
+              for f in (0.0, 1.0, 2.0)}
+    assert drafts[0.0][0] == [20, 21, 22, 23, 24, 25]
+    assert drafts[1.0][0] == [20, 21] and drafts[2.0][0] == [20, 21, 22, 23]
+    trie.observe(np.array([2, 3, 30, 31, 32, 33], np.int32))
+    buf[1] = [9, 2, 3]                      # matches in recent outputs again: cap 2 at factor 1
+    (_, tree) = native_trees(trie, buf, [0, 1], [3, 3], [8, 8], **kw, depth_per_match=1.0)
+    assert tree.draft_token_ids() == [30, 31]
+    (_, tree) = native_trees(trie, buf, [0, 1], [3, 3], [8, 8], **{**kw, "recent_max_ngram": 0},
+                             depth_per_match=1.0)
+    assert tree.draft_token_ids() == [30, 31]   # the order-3 trie alone: context 2, cap 2
+    with pytest.raises(ValueError, match="depth_per_match"):
+        native_trees(trie, buf, [0], [3], [8], **kw, depth_per_match=-1.0)

@@ -123,8 +123,27 @@ class LookupTrieConfig:
         "Draft only nodes whose path probability (product of the mixture P along the path) is "
         "at least this, even below the budget: every node is a verify row, so guesses the "
         "drafter itself rates unlikely are not drafted. 0 = always fill the budget. Range: [0, 1)."))
+    recent_max_ngram: int = spec(0, ge=0, le=64, doc=(
+        "Also match the request's suffix (up to this many tokens) in the outputs this deployment "
+        "served lately, kept verbatim (recent_mb); the longest match over the request's own "
+        "text and those outputs wins. Needs online_mb > 0. 0 = off."))
+    depth_per_match: float = spec(0.0, ge=0.0, le=64.0, doc=(
+        "Cap a draft's depth at this many tokens per token of the longest suffix match (the "
+        "request's own text or recent outputs; the trie's context length where nothing matched), "
+        "as SuffixDecoding sizes its drafts: a continuation is only as good as the context that "
+        "predicts it. 0 = tree.max_depth only."))
+    recent_mb: float = spec(16.0, ge=0.0, le=4096.0, doc=(
+        "Memory for the recent outputs searched by recent_max_ngram (4 bytes per token, plus "
+        "its index); the oldest half is dropped when full."))
 
     def validate(self, prefix: str) -> None:
+        if self.recent_max_ngram and not self.online_mb:
+            raise ConfigError(f"{prefix}.recent_max_ngram: {self.recent_max_ngram} needs outputs to "
+                              f"search; set {prefix}.online_mb > 0 (outputs are learnt with the online "
+                              "layer) or recent_max_ngram: 0")
+        if self.recent_max_ngram and self.recent_mb <= 0:
+            raise ConfigError(f"{prefix}.recent_mb: {self.recent_mb} leaves no room for recent outputs; "
+                              f"set {prefix}.recent_mb > 0 or recent_max_ngram: 0")
         if not 0.0 <= self.min_path_prob < 1.0:
             raise ConfigError(f"{prefix}.min_path_prob: {self.min_path_prob} is out of range; allowed "
                               "0 <= min_path_prob < 1 (0 = fill the budget)")

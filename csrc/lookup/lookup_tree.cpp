@@ -36,23 +36,35 @@ void insert(std::vector<MatchNode>* trie, const int32_t* cont, int32_t len, int3
 }  // namespace
 
 std::vector<MatchNode> build_match_trie(const int32_t* tokens, int64_t n, int min_n, int max_n,
-                                        int max_matches, int max_depth) {
+                                        int max_matches, int max_depth, const RecentOutputs* recent,
+                                        int recent_max_n, int32_t* match_len) {
+  if (match_len != nullptr) *match_len = 0;
   std::vector<MatchNode> trie;
   trie.push_back({-1, -1, 0, 0, 0, -1, -1});
   if (max_depth < 1 || max_matches < 1) return trie;
-  auto matches = find_suffix_matches(tokens, n, min_n, max_n, max_depth, max_matches);
-  if (matches.empty()) return trie;
+  auto own = find_suffix_matches(tokens, n, min_n, max_n, max_depth, max_matches);
+  std::vector<SuffixMatch> others;
+  if (recent != nullptr && recent_max_n > 0)
+    others = recent->find(tokens, n, min_n, recent_max_n, max_depth, max_matches);
+  if (own.empty() && others.empty()) return trie;
   // Only matches of the longest suffix length: shorter suffix matches are weaker evidence, and
   // counted equally they would outrank the best continuation (measured: trees from all 8 best
   // matches verified fewer tokens per step than the best match's chain on the code-LM fixture).
-  const int32_t best_len = matches.front().match_len;
-  matches.erase(std::remove_if(matches.begin(), matches.end(),
-                               [best_len](const SuffixMatch& m) { return m.match_len != best_len; }),
-                matches.end());
-  trie.reserve(matches.size() * static_cast<size_t>(matches.front().continuation_len) + 1);
-  for (size_t r = 0; r < matches.size(); ++r) {
-    const SuffixMatch& m = matches[r];
-    insert(&trie, tokens + m.continuation_start, m.continuation_len, static_cast<int32_t>(r));
+  const int32_t best_len = std::max(own.empty() ? 0 : own.front().match_len,
+                                    others.empty() ? 0 : others.front().match_len);
+  if (match_len != nullptr) *match_len = best_len;
+  const auto shorter = [best_len](const SuffixMatch& m) { return m.match_len != best_len; };
+  own.erase(std::remove_if(own.begin(), own.end(), shorter), own.end());
+  others.erase(std::remove_if(others.begin(), others.end(), shorter), others.end());
+  trie.reserve((own.size() + others.size()) * static_cast<size_t>(max_depth) + 1);
+  int32_t rank = 0;
+  for (const SuffixMatch& m : own) {
+    if (rank >= max_matches) break;
+    insert(&trie, tokens + m.continuation_start, m.continuation_len, rank++);
+  }
+  for (const SuffixMatch& m : others) {
+    if (rank >= max_matches) break;
+    insert(&trie, recent->data() + m.continuation_start, m.continuation_len, rank++);
   }
   return trie;
 }

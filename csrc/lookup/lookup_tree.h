@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "lookup/recent_outputs.h"
+
 namespace treespec::lookup {
 
 // One emitted draft node.
@@ -44,9 +46,15 @@ struct MatchNode {
 };
 
 // The matches of `propose_tree` (longest suffix length only, continuations cut to max_depth)
-// merged into a trie.
+// merged into a trie. With `recent` (read-locked by the caller) and recent_max_n > 0, matches of
+// the suffix (up to recent_max_n tokens) in recently served outputs compete too: the longest
+// match length over both sources wins, the request's own matches rank first at equal length,
+// and at most max_matches are merged. `match_len` (may be null) gets the merged matches' suffix
+// length (0 when nothing matched).
 std::vector<MatchNode> build_match_trie(const int32_t* tokens, int64_t n, int min_n, int max_n,
-                                        int max_matches, int max_depth);
+                                        int max_matches, int max_depth,
+                                        const RecentOutputs* recent = nullptr, int recent_max_n = 0,
+                                        int32_t* match_len = nullptr);
 
 // Appends at most `budget` nodes of the lookup tree of tokens[0:n] to `out`, in the order above.
 // Matches are find_suffix_matches(tokens, n, min_n, max_n, max_depth, max_matches), keeping only

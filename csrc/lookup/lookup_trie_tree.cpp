@@ -23,7 +23,9 @@ struct Search {
   const ngram::TrieFile& trie;
   const ngram::OnlineCounts* online;
   ngram::TopkMemo* memo;  // null: every topk is computed
+  int32_t match_len = 0;  // set by build_match_trie (declared before `matches`: initialised first)
   std::vector<MatchNode> matches;
+  int32_t depth_cap;
   // Candidate-tree nodes (0 = root).
   std::vector<int32_t> parent, depth, pos, token, match, emitted;
   std::vector<double> logp, score;
@@ -33,9 +35,16 @@ struct Search {
   std::vector<bool> has_kids;
 
   Search(const int32_t* t, int64_t n, const LookupTrieParams& p, const ngram::TrieFile& tr,
-         const ngram::OnlineCounts* on, ngram::TopkMemo* mm)
+         const ngram::OnlineCounts* on, ngram::TopkMemo* mm, const RecentOutputs* recent)
       : prm(p), trie(tr), online(on), memo(on ? nullptr : mm),
-        matches(build_match_trie(t, n, p.min_n, p.max_n, p.max_matches, p.max_depth)) {
+        matches(build_match_trie(t, n, p.min_n, p.max_n, p.max_matches, p.max_depth, recent, p.recent_max_n,
+                                 &match_len)),
+        depth_cap(p.max_depth) {
+    if (p.depth_per_match > 0.0) {
+      const int32_t context = match_len > 0 ? match_len : std::max(trie.order() - 1, 1);
+      const double cap = std::ceil(p.depth_per_match * context);
+      depth_cap = cap < p.max_depth ? std::max(1, static_cast<int32_t>(cap)) : p.max_depth;
+    }
     const int64_t m = std::min<int64_t>(std::max(trie.order() - 1, 1), n);
     add(-1, 0, 0, t[n - 1], matches[0].weight > 0 ? 0 : -1, trie.token_cursor(t + n - m, m), 0.0, 0.0, {});
   }
@@ -53,7 +62,7 @@ struct Search {
     if (has_kids[v]) return kids[v];
     has_kids[v] = true;
     std::vector<Child> out;
-    if (depth[v] >= prm.max_depth) return kids[v];
+    if (depth[v] >= depth_cap) return kids[v];
     const int32_t mv = match[v];
     const bool lookup = mv >= 0 && matches[mv].first_child >= 0;
     const double lambda = lookup ? prm.lookup_weight : 0.0;
@@ -100,9 +109,9 @@ struct Search {
 void propose_lookup_trie_tree(const int32_t* tokens, int64_t n, int64_t budget,
                               const LookupTrieParams& params, const ngram::TrieFile& trie,
                               const ngram::OnlineCounts* online, std::vector<MixedNode>* out,
-                              ngram::TopkMemo* memo) {
+                              ngram::TopkMemo* memo, const RecentOutputs* recent) {
   if (budget <= 0 || n <= 0 || params.max_depth < 1) return;
-  Search s(tokens, n, params, trie, online, memo);
+  Search s(tokens, n, params, trie, online, memo, recent);
   s.emitted[0] = 0;
   const size_t start = out->size();
   const auto emitted_count = [&]() { return static_cast<int64_t>(out->size() - start); };

@@ -17,6 +17,10 @@
 // Best-first with lazy push pops nodes by (score desc, depth asc, sibling-position path asc)
 // and emits them in pop order (parents first; budget n gives the first n nodes of any larger
 // budget). chain = the greedy spine: the best child of each node, depth by depth.
+// depth_per_match > 0 caps the depth at ceil(depth_per_match * L), L = the merged matches' suffix
+// length, or the trie's context length (order - 1) where nothing matched: a continuation is only
+// as trustworthy as the context that predicts it (SuffixDecoding's match-length rule), and a
+// count of one in the online layer would otherwise chain to max_depth at probability 1.
 // min_path_prob > 0 also stops at the first node whose path probability exp(score) is below it
 // (scores only fall in pop order, so the result is still a prefix of the unfloored order): a
 // confident match drafts deep, a guess drafts little, and no verify row is spent on a path the
@@ -26,6 +30,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "lookup/recent_outputs.h"
 #include "ngram/online.h"
 #include "ngram/topk_memo.h"
 #include "ngram/trie.h"
@@ -34,6 +39,8 @@ namespace treespec::lookup {
 
 struct LookupTrieParams {
   int min_n = 1, max_n = 4, max_matches = 8;  // prompt lookup (max_matches 0: trie only)
+  int recent_max_n = 0;   // longest suffix matched in recent outputs (0: not searched)
+  double depth_per_match = 0.0;  // depth cap per matched suffix token (0: max_depth only)
   int max_depth = 8;
   int k = 4;              // trie continuations per node
   int min_context = 1;    // trie tokens need a matched context of at least this many tokens
@@ -52,11 +59,12 @@ struct MixedNode {
 
 // Appends at most `budget` nodes of the tree of tokens[0:n] (root = tokens[n-1]) to `out`.
 // `online` (may be null) must be read-locked by the caller for the duration of the call.
+// `recent` (may be null) must be read-locked by the caller too.
 // `memo` (may be null; unused with an online layer) answers repeated trie contexts; the caller
 // serialises its use. The nodes are the same with or without it.
 void propose_lookup_trie_tree(const int32_t* tokens, int64_t n, int64_t budget,
                               const LookupTrieParams& params, const ngram::TrieFile& trie,
                               const ngram::OnlineCounts* online, std::vector<MixedNode>* out,
-                              ngram::TopkMemo* memo = nullptr);
+                              ngram::TopkMemo* memo = nullptr, const RecentOutputs* recent = nullptr);
 
 }  // namespace treespec::lookup

@@ -43,6 +43,7 @@ struct MemoSlot {
 struct Handle {
   std::shared_ptr<const TrieFile> file;
   std::shared_ptr<OnlineCounts> online;
+  std::shared_ptr<treespec::lookup::RecentOutputs> recent;  // outputs searched by lookup_trie_trees
   std::shared_ptr<MemoSlot> memo = std::make_shared<MemoSlot>();
 };
 
@@ -132,10 +133,11 @@ py::tuple lookup_trie_trees(const Handle& h, const I32Strict& token_ids, const I
                             const treespec::lookup::LookupTrieParams& prm) {
   if (prm.min_n < 1 || prm.max_n < prm.min_n || prm.max_matches < 0 || prm.max_depth < 1 || prm.k < 1 ||
       prm.min_context < 0 || !(prm.lookup_weight >= 0.0 && prm.lookup_weight <= 1.0) ||
-      !(prm.min_path_prob >= 0.0 && prm.min_path_prob < 1.0))
+      !(prm.min_path_prob >= 0.0 && prm.min_path_prob < 1.0) || prm.recent_max_n < 0 ||
+      !(prm.depth_per_match >= 0.0))
     throw std::invalid_argument("lookup_trie_trees: need 1 <= min_n <= max_n, max_matches >= 0, "
                                 "max_depth >= 1, k >= 1, min_context >= 0, 0 <= lookup_weight <= 1, "
-                                "0 <= min_path_prob < 1");
+                                "0 <= min_path_prob < 1, recent_max_ngram >= 0, depth_per_match >= 0");
   treespec::lookup::check_request_batch(token_ids, rows, lengths, budgets);
   const int64_t num = rows.size(), max_len = token_ids.shape(1);
   const int64_t* r = rows.data();
@@ -143,17 +145,21 @@ py::tuple lookup_trie_trees(const Handle& h, const I32Strict& token_ids, const I
   std::vector<int64_t> tokens, parents, depth, counts;
   std::vector<double> logprob, score;
   std::shared_ptr<OnlineCounts> online = h.online;
+  std::shared_ptr<treespec::lookup::RecentOutputs> recent = prm.recent_max_n > 0 ? h.recent : nullptr;
   {
     py::gil_scoped_release release;
     OnlineCounts::ReadLock lock;
     if (online) lock = online->read_lock();
+    treespec::lookup::RecentOutputs::ReadLock recent_lock;
+    if (recent) recent_lock = recent->read_lock();
     std::lock_guard<std::mutex> memo_lock(h.memo->mutex);
     std::vector<treespec::lookup::MixedNode> nodes;
     for (int64_t i = 0; i < num; ++i) {
       const int32_t* row = token_ids.data() + r[i] * max_len;
       nodes.clear();
       treespec::lookup::propose_lookup_trie_tree(row, len[i], budgets.data()[i], prm, *h.file, online.get(), &nodes,
-                                                 &h.memo->memo);  // unused with an online layer
+                                                 &h.memo->memo,  // unused with an online layer
+                                                 recent.get());
       tokens.push_back(row[len[i] - 1]), parents.push_back(-1), depth.push_back(0);
       logprob.push_back(0.0), score.push_back(0.0);
       for (const auto& n : nodes) {
@@ -341,8 +347,10 @@ void register_ngram(py::module_& parent) {
       .def("lookup_trie_trees", [](const Handle& h, const I32Strict& token_ids, const I64Strict& rows,
                                    const I64Strict& lengths, const I64Strict& budgets, int min_n, int max_n,
                                    int max_matches, int max_depth, int k, int min_context,
-                                   double lookup_weight, bool chain, double min_path_prob) {
+                                   double lookup_weight, bool chain, double min_path_prob, int recent_max_ngram,
+                                   double depth_per_match) {
             treespec::lookup::LookupTrieParams prm;
+            prm.recent_max_n = recent_max_ngram, prm.depth_per_match = depth_per_match;
             prm.min_n = min_n, prm.max_n = max_n, prm.max_matches = max_matches, prm.max_depth = max_depth;
             prm.k = k, prm.min_context = min_context, prm.lookup_weight = lookup_weight, prm.chain = chain;
             prm.min_path_prob = min_path_prob;
@@ -350,7 +358,9 @@ void register_ngram(py::module_& parent) {
           }, py::arg("token_ids"), py::arg("rows"), py::arg("lengths"), py::arg("budgets"), py::arg("min_ngram"),
           py::arg("max_ngram"), py::arg("max_matches"), py::arg("max_depth"), py::arg("k"), py::arg("min_context"),
           py::arg("lookup_weight"), py::arg("chain"), py::arg("min_path_prob") = 0.0,
-          "Prompt-lookup continuations mixed with this trie's, best-first (csrc/lookup/lookup_trie_tree.h).")
+          py::arg("recent_max_ngram") = 0, py::arg("depth_per_match") = 0.0,
+          "Prompt-lookup continuations mixed with this trie's, best-first (csrc/lookup/lookup_trie_tree.h); "
+          "recent_max_ngram > 0 also matches the suffix in the recent outputs (enable_recent).")
       .def("scorer", [](const Handle& h, double floor) {
             return std::make_unique<treespec::tree::TrieNgram>(h.file, h.online, floor);
           }, py::arg("floor"),
@@ -360,8 +370,14 @@ void register_ngram(py::module_& parent) {
             h.online = std::make_shared<OnlineCounts>(h.file->order(), capacity_bytes, weight);
           }, py::arg("capacity_bytes"), py::arg("weight"))
       .def("disable_online", [](Handle& h) { h.online.reset(); })
+      .def("enable_recent", [](Handle& h, int64_t capacity_tokens) {
+            if (capacity_tokens < 64) throw std::invalid_argument("enable_recent: capacity_tokens must be >= 64");
+            h.recent = std::make_shared<treespec::lookup::RecentOutputs>(capacity_tokens);
+          }, py::arg("capacity_tokens"),
+          "Keep recently observed outputs (up to capacity_tokens) for lookup_trie_trees' recent matches.")
       .def("observe", [](const Handle& h, const I32Array& tokens) {
-            if (!h.online) throw std::invalid_argument("the online layer is off; call enable_online() first");
+            if (!h.online && !h.recent)
+              throw std::invalid_argument("the online layer is off; call enable_online() or enable_recent() first");
             if (tokens.ndim() != 1) throw std::invalid_argument("tokens must be 1-D");
             const int32_t* t = tokens.data();
             const int64_t n = tokens.shape(0);
@@ -371,11 +387,23 @@ void register_ngram(py::module_& parent) {
                 throw std::invalid_argument("token " + std::to_string(t[i]) + " is not below the vocabulary size " +
                                             std::to_string(vocab));
             std::shared_ptr<OnlineCounts> online = h.online;
+            std::shared_ptr<treespec::lookup::RecentOutputs> recent = h.recent;
             py::gil_scoped_release release;
-            online->observe(t, n);
+            if (online) online->observe(t, n);
+            if (recent) recent->observe(t, n);
           }, py::arg("tokens"))
       .def("clear_online", [](const Handle& h) {
             if (h.online) h.online->clear();
+            if (h.recent) h.recent->clear();
+          })
+      .def("recent_stats", [](const Handle& h) -> py::object {
+            if (!h.recent) return py::none();
+            treespec::lookup::RecentOutputs::ReadLock lock = h.recent->read_lock();
+            py::dict d;
+            d["capacity_tokens"] = h.recent->capacity_tokens();
+            d["held_tokens"] = h.recent->size_tokens();
+            d["observed_tokens"] = h.recent->observed_tokens();
+            return std::move(d);
           })
       .def("topk_memo_stats", [](const Handle& h) {
             std::lock_guard<std::mutex> lock(h.memo->mutex);

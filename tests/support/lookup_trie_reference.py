@@ -11,18 +11,88 @@ import numpy as np
 
 from vllm_treespec.tree import DraftTree
 
-__all__ = ["lookup_trie_trees_reference"]
+__all__ = ["lookup_trie_trees_reference", "match_trie_reference"]
+
+
+def _own_matches(tokens: list[int], min_n: int, max_n: int, k: int) -> list[tuple]:
+    """Earlier occurrences of the suffix in the request's own text (prompt_lookup.h):
+    (match_len, continuation_len, start, source) with at least one continuation token."""
+    n, out = len(tokens), []
+    for j in range(n - 2, -1, -1):
+        length = 0
+        while length < min(max_n, j + 1) and tokens[j - length] == tokens[n - 1 - length]:
+            length += 1
+        if length >= min_n:
+            out.append((length, min(k, n - (j + 1)), j + 1, "own"))
+    return out
+
+
+def _recent_matches(tokens: list[int], outputs: Sequence[Sequence[int]], min_n: int, max_n: int,
+                    k: int, anchor: int = 2) -> list[tuple]:
+    """Occurrences of the suffix inside one recent output (recent_outputs.h): at least
+    max(min_n, anchor) tokens, start = position in the store (outputs joined, one separator
+    after each), so a later output is more recent."""
+    n, out, offset = len(tokens), [], 0
+    for o in outputs:
+        o = list(o)
+        for start in range(1, len(o)):          # continuation starts here: needs o[start]
+            length = 0
+            while length < min(max_n, n, start) and o[start - 1 - length] == tokens[n - 1 - length]:
+                length += 1
+            if length >= max(min_n, anchor):
+                cont = 0
+                while cont < k and start + cont < len(o):
+                    cont += 1
+                out.append((length, cont, offset + start, "recent"))
+        offset += len(o) + 1
+    return out
+
+
+def match_trie_reference(tokens: list[int], *, min_ngram: int, max_ngram: int, max_matches: int,
+                         max_depth: int, recent: Sequence[Sequence[int]] = (),
+                         recent_max_ngram: int = 0) -> tuple[dict, dict, int]:
+    """The merged match continuations (lookup_tree.h build_match_trie) as (kids, weights, length):
+    kids[node] = {token: child}, weights[node] = matches through it (node 0 is the root), length
+    = the merged matches' suffix length (0: none)."""
+    kids: dict[int, dict[int, int]] = {}
+    weights = {0: 0}
+    if max_matches < 1 or max_depth < 1:
+        return kids, weights, 0
+    rank = lambda m: (-m[0], -m[1], -m[2])   # longer match, longer continuation, more recent
+    own = sorted(_own_matches(tokens, min_ngram, max_ngram, max_depth), key=rank)[:max_matches]
+    others = []
+    if recent_max_ngram > 0:
+        others = sorted(_recent_matches(tokens, recent, min_ngram, recent_max_ngram, max_depth),
+                        key=rank)[:max_matches]
+    if not own and not others:
+        return kids, weights, 0
+    best = max(m[0] for m in own + others)
+    chosen = ([m for m in own if m[0] == best] + [m for m in others if m[0] == best])[:max_matches]
+    store = [t for o in recent for t in list(o) + [-1]]
+    for length, cont, start, source in chosen:
+        seq = (tokens if source == "own" else store)[start:start + cont]
+        node = 0
+        weights[0] += 1
+        for t in seq:
+            child = kids.setdefault(node, {}).get(t)
+            if child is None:
+                child = len(weights)
+                kids[node][t] = child
+                weights[child] = 0
+            weights[child] += 1
+            node = child
+    return kids, weights, best
 
 
 def lookup_trie_trees_reference(token_ids: np.ndarray, rows: Sequence[int], num_tokens: Sequence[int],
                                 budgets: Sequence[int], trie: Any, *, min_ngram: int, max_ngram: int,
                                 max_matches: int, max_depth: int, k: int, min_context: int,
                                 lookup_weight: float, chain: bool,
-                                min_path_prob: float = 0.0) -> list[DraftTree]:
+                                min_path_prob: float = 0.0, recent: Sequence[Sequence[int]] = (),
+                                recent_max_ngram: int = 0, depth_per_match: float = 0.0) -> list[DraftTree]:
     """Plain-Python `LookupTrieDrafter.propose` (full push instead of lazy push: the same pop
-    order, since log P <= 0), over the Python trie API; the tests' oracle."""
-    from vllm_treespec.native import native
-
+    order, since log P <= 0), over the Python trie API; the tests' oracle. `recent`: the outputs
+    the trie observed, oldest first (searched when recent_max_ngram > 0)."""
     m = max(1, trie.order - 1)
     floor = math.log(min_path_prob) if min_path_prob > 0 else -math.inf
     out = []
@@ -31,20 +101,21 @@ def lookup_trie_trees_reference(token_ids: np.ndarray, rows: Sequence[int], num_
         tokens = [int(t) for t in token_ids[r, :n]]
         root = tokens[-1]
         # the merged match continuations, node weights included (weights = matches through)
-        mt, mp, _, mw, *_ = native().propose_tree_batch(
-            token_ids, np.array([r]), np.array([n]), np.array([1 << 20]), min_ngram, max_ngram,
-            max(max_matches, 1), max_depth, 1.0)
-        kids: dict[int, dict[int, int]] = {}
-        if max_matches > 0:
-            for j in range(1, len(mt)):
-                kids.setdefault(int(mp[j]), {})[int(mt[j])] = j
+        kids, mw, match_len = match_trie_reference(
+            tokens, min_ngram=min_ngram, max_ngram=max_ngram, max_matches=max_matches,
+            max_depth=max_depth, recent=recent, recent_max_ngram=recent_max_ngram)
+        has_matches = mw[0] > 0
+        depth_cap = max_depth
+        if depth_per_match > 0:
+            cap = math.ceil(depth_per_match * (match_len if match_len > 0 else max(1, trie.order - 1)))
+            depth_cap = min(max_depth, max(1, cap))
         toks, pars, deps, lps, scs = [root], [-1], [0], [0.0], [0.0]
         if budget <= 0:
             out.append(DraftTree(toks, pars, deps, lps, scs))
             continue
 
         def children(path: tuple, match: int | None) -> list:
-            if len(path) >= max_depth:
+            if len(path) >= depth_cap:
                 return []
             lk = kids.get(match, {}) if match is not None else {}
             lam = lookup_weight if lk else 0.0
@@ -64,7 +135,7 @@ def lookup_trie_trees_reference(token_ids: np.ndarray, rows: Sequence[int], num_
             ranked = sorted(((p, t) for t, p in probs.items() if p > 0), key=lambda x: (-x[0], x[1]))
             return [(t, p, lk.get(t)) for p, t in ranked]
 
-        root_match = 0 if (max_matches > 0 and len(mt) > 1) else None
+        root_match = 0 if has_matches else None
         if chain:
             path, match, score, parent = (), root_match, 0.0, 0
             while len(toks) - 1 < budget:

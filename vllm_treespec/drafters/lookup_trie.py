@@ -91,13 +91,18 @@ class LookupTrieDrafter(Drafter):
             self.seeded_trie = plain if self.sampled_trie is None else self._frozen_twin(self.sampled_trie)
             for trie in self._tries():
                 trie.enable_online(capacity_mb=float(config.online_mb))
+                if config.recent_max_ngram:
+                    # index: about 4 bytes per held token beside the 4 of the token itself
+                    trie.enable_recent(max(64, int(config.recent_mb * (1 << 20)) // 8))
         self.chain = tree is None or tree.builder == "chain"
         self.max_depth = (tree.max_depth if tree is not None else None) or 8
         self.params = dict(min_ngram=int(config.min_ngram), max_ngram=int(config.max_ngram),
                            max_matches=int(config.max_matches), max_depth=int(self.max_depth),
                            k=int(config.k), min_context=int(config.min_context),
                            lookup_weight=float(config.lookup_weight),
-                           min_path_prob=float(config.min_path_prob))
+                           min_path_prob=float(config.min_path_prob),
+                           recent_max_ngram=int(config.recent_max_ngram) if self.online else 0,
+                           depth_per_match=float(config.depth_per_match))
         self.capabilities = DrafterCapabilities(
             observes_output=self.online, reads_sampling=self.sampled_trie is not None or self.online)
 
@@ -137,12 +142,17 @@ class LookupTrieDrafter(Drafter):
         return Proposal(trees)
 
     def counters(self) -> dict[str, int]:
-        """The online layer's fill (tests and reports): tokens learnt, contexts held, evictions."""
+        """The online layer's fill (tests and reports): tokens learnt, contexts held, evictions,
+        and the tokens the recent outputs hold (drafter.recent_max_ngram)."""
         stats = self.trie.online_stats() if self.online else None
         if stats is None:
             return {}
-        return {"online_observed_tokens": int(stats["observed_tokens"]),
-                "online_used_slots": int(stats["used_slots"]), "online_evictions": int(stats["evictions"])}
+        out = {"online_observed_tokens": int(stats["observed_tokens"]),
+               "online_used_slots": int(stats["used_slots"]), "online_evictions": int(stats["evictions"])}
+        recent = self.trie.recent_stats()
+        if recent is not None:
+            out["recent_held_tokens"] = int(recent["held_tokens"])
+        return out
 
     def observe_output(self, tokens: np.ndarray) -> None:
         """Learn a finished request's output in the tries' online layers (drafter.online_mb);

@@ -196,6 +196,15 @@ class NgramTrie:
     def online_stats(self) -> dict[str, Any] | None:
         return self._t.online_stats()
 
+    def enable_recent(self, capacity_tokens: int) -> None:
+        """Keep the observed outputs themselves (up to capacity_tokens, oldest half dropped when
+        full) so lookup trees can match a request's longer suffix in them (recent_max_ngram;
+        csrc/lookup/recent_outputs.h). observe() feeds both this and the online layer."""
+        self._t.enable_recent(int(capacity_tokens))
+
+    def recent_stats(self) -> dict[str, Any] | None:
+        return self._t.recent_stats()
+
     # ------------------------------------------------------------------ helpers
 
     def _rows(self, contexts: TokenRows) -> np.ndarray:

@@ -1,0 +1,102 @@
+#include "lookup/recent_outputs.h"
+
+#include <algorithm>
+#include <mutex>
+
+namespace treespec::lookup {
+
+namespace {
+
+uint64_t window_key(const int32_t* w) {
+  uint64_t h = 0x243F6A8885A308D3ull;
+  for (int i = 0; i < RecentOutputs::kAnchor; ++i) {
+    uint64_t z = h + 0x9E3779B97F4A7C15ull + static_cast<uint32_t>(w[i]);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    h = z ^ (z >> 31);
+  }
+  return h;
+}
+
+bool better(const SuffixMatch& a, const SuffixMatch& b) {
+  if (a.match_len != b.match_len) return a.match_len > b.match_len;
+  if (a.continuation_len != b.continuation_len) return a.continuation_len > b.continuation_len;
+  return a.continuation_start > b.continuation_start;
+}
+
+}  // namespace
+
+RecentOutputs::RecentOutputs(int64_t capacity_tokens)
+    : capacity_(std::max<int64_t>(capacity_tokens, 64)) {
+  tokens_.reserve(static_cast<size_t>(capacity_));
+}
+
+void RecentOutputs::index_from(int64_t begin) {
+  // Position p (the token after window tokens_[p - kAnchor .. p - 1]) is indexed when the window
+  // holds no separator and p is inside the store.
+  const int64_t end = static_cast<int64_t>(tokens_.size());
+  for (int64_t p = std::max<int64_t>(begin, kAnchor); p < end; ++p) {
+    const int32_t* w = tokens_.data() + p - kAnchor;
+    bool ok = tokens_[p] >= 0;
+    for (int i = 0; i < kAnchor && ok; ++i) ok = w[i] >= 0;
+    if (!ok) continue;
+    std::vector<int32_t>& at = index_[window_key(w)];
+    if (static_cast<int>(at.size()) >= 2 * kPositionsPerKey)
+      at.erase(at.begin(), at.begin() + kPositionsPerKey);  // amortised: keep the newest
+    at.push_back(static_cast<int32_t>(p));
+  }
+}
+
+void RecentOutputs::drop_oldest_half() {
+  const int64_t keep_from = static_cast<int64_t>(tokens_.size()) / 2;
+  tokens_.erase(tokens_.begin(), tokens_.begin() + keep_from);
+  index_.clear();
+  index_from(0);
+}
+
+void RecentOutputs::observe(const int32_t* tokens, int64_t n) {
+  if (n <= 0) return;
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  n = std::min<int64_t>(n, capacity_ - 1);
+  if (static_cast<int64_t>(tokens_.size()) + n + 1 > capacity_) drop_oldest_half();
+  if (static_cast<int64_t>(tokens_.size()) + n + 1 > capacity_) tokens_.clear(), index_.clear();
+  const int64_t begin = static_cast<int64_t>(tokens_.size());
+  for (int64_t i = 0; i < n; ++i) tokens_.push_back(tokens[i] < 0 ? -1 : tokens[i]);
+  tokens_.push_back(-1);
+  observed_ += static_cast<uint64_t>(n);
+  index_from(begin);
+}
+
+void RecentOutputs::clear() {
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  tokens_.clear();
+  index_.clear();
+  observed_ = 0;
+}
+
+std::vector<SuffixMatch> RecentOutputs::find(const int32_t* context, int64_t n, int min_len, int max_len,
+                                             int k, int max_matches) const {
+  std::vector<SuffixMatch> out;
+  if (n < kAnchor || max_len < kAnchor || max_len < min_len || k < 1 || max_matches < 1) return out;
+  const auto it = index_.find(window_key(context + n - kAnchor));
+  if (it == index_.end()) return out;
+  const int32_t* s = tokens_.data();
+  const int64_t size = static_cast<int64_t>(tokens_.size());
+  for (auto p = it->second.rbegin(); p != it->second.rend(); ++p) {
+    const int64_t start = *p;
+    // true match length: compare backwards from the window (hash collisions fail here)
+    int32_t len = 0;
+    const int64_t limit = std::min<int64_t>({max_len, n, start});
+    while (len < limit && s[start - 1 - len] >= 0 && s[start - 1 - len] == context[n - 1 - len]) ++len;
+    if (len < std::max(min_len, kAnchor)) continue;
+    int32_t cont = 0;
+    while (cont < k && start + cont < size && s[start + cont] >= 0) ++cont;
+    if (cont == 0) continue;
+    out.push_back({start, len, cont});
+  }
+  std::sort(out.begin(), out.end(), better);
+  if (static_cast<int>(out.size()) > max_matches) out.resize(static_cast<size_t>(max_matches));
+  return out;
+}
+
+}  // namespace treespec::lookup
