@@ -133,8 +133,9 @@ class LookupTrieConfig:
         "as SuffixDecoding sizes its drafts: a continuation is only as good as the context that "
         "predicts it. 0 = tree.max_depth only."))
     recent_mb: float = spec(16.0, ge=0.0, le=4096.0, doc=(
-        "Memory for the recent outputs searched by recent_max_ngram (4 bytes per token, plus "
-        "its index); the oldest half is dropped when full."))
+        "Memory for the recent outputs searched by recent_max_ngram, index included (about 32 "
+        "bytes per token held: 16 MB holds the last ~500k output tokens); the oldest half is "
+        "dropped when full."))
 
     def validate(self, prefix: str) -> None:
         if self.recent_max_ngram and not self.online_mb:

@@ -29,46 +29,61 @@ bool better(const SuffixMatch& a, const SuffixMatch& b) {
 RecentOutputs::RecentOutputs(int64_t capacity_tokens)
     : capacity_(std::max<int64_t>(capacity_tokens, 64)) {
   tokens_.reserve(static_cast<size_t>(capacity_));
+  index_.reserve(static_cast<size_t>(capacity_ / 2));  // no rehash (a stall) as the store fills
 }
 
 void RecentOutputs::index_from(int64_t begin) {
-  // Position p (the token after window tokens_[p - kAnchor .. p - 1]) is indexed when the window
-  // holds no separator and p is inside the store.
+  // Local position p (the token after window tokens_[p - kAnchor .. p - 1]) is indexed when the
+  // window holds no separator and p is inside the store.
   const int64_t end = static_cast<int64_t>(tokens_.size());
   for (int64_t p = std::max<int64_t>(begin, kAnchor); p < end; ++p) {
     const int32_t* w = tokens_.data() + p - kAnchor;
     bool ok = tokens_[p] >= 0;
     for (int i = 0; i < kAnchor && ok; ++i) ok = w[i] >= 0;
     if (!ok) continue;
-    std::vector<int32_t>& at = index_[window_key(w)];
+    std::vector<int64_t>& at = index_[window_key(w)];
     if (static_cast<int>(at.size()) >= 2 * kPositionsPerKey)
       at.erase(at.begin(), at.begin() + kPositionsPerKey);  // amortised: keep the newest
-    at.push_back(static_cast<int32_t>(p));
+    at.push_back(base_ + p);
   }
 }
 
 void RecentOutputs::drop_oldest_half() {
-  const int64_t keep_from = static_cast<int64_t>(tokens_.size()) / 2;
-  tokens_.erase(tokens_.begin(), tokens_.begin() + keep_from);
-  index_.clear();
-  index_from(0);
+  // A memmove of the newer half; the index keeps its absolute positions (find skips the dropped
+  // ones, sweep() erases keys left with none).
+  const int64_t drop = std::max<int64_t>(static_cast<int64_t>(tokens_.size()) / 2, 1);
+  tokens_.erase(tokens_.begin(), tokens_.begin() + drop);
+  base_ += drop;
+}
+
+void RecentOutputs::sweep(size_t buckets) {
+  const size_t count = index_.bucket_count();
+  if (count == 0) return;
+  std::vector<uint64_t> gone;
+  for (size_t i = 0; i < buckets; ++i, ++sweep_bucket_) {
+    const size_t b = sweep_bucket_ % count;
+    for (auto it = index_.begin(b); it != index_.end(b); ++it)
+      if (it->second.empty() || it->second.back() < base_ + kAnchor) gone.push_back(it->first);
+  }
+  for (uint64_t key : gone) index_.erase(key);  // erasing never rehashes
 }
 
 void RecentOutputs::observe(const int32_t* tokens, int64_t n) {
   if (n <= 0) return;
   std::unique_lock<std::shared_mutex> lock(mutex_);
   n = std::min<int64_t>(n, capacity_ - 1);
-  if (static_cast<int64_t>(tokens_.size()) + n + 1 > capacity_) drop_oldest_half();
-  if (static_cast<int64_t>(tokens_.size()) + n + 1 > capacity_) tokens_.clear(), index_.clear();
+  while (!tokens_.empty() && static_cast<int64_t>(tokens_.size()) + n + 1 > capacity_) drop_oldest_half();
   const int64_t begin = static_cast<int64_t>(tokens_.size());
   for (int64_t i = 0; i < n; ++i) tokens_.push_back(tokens[i] < 0 ? -1 : tokens[i]);
   tokens_.push_back(-1);
   observed_ += static_cast<uint64_t>(n);
   index_from(begin);
+  sweep(static_cast<size_t>(2 * n + 2));  // keys can only be added by n windows per call
 }
 
 void RecentOutputs::clear() {
   std::unique_lock<std::shared_mutex> lock(mutex_);
+  base_ += static_cast<int64_t>(tokens_.size());
   tokens_.clear();
   index_.clear();
   observed_ = 0;
@@ -83,7 +98,8 @@ std::vector<SuffixMatch> RecentOutputs::find(const int32_t* context, int64_t n, 
   const int32_t* s = tokens_.data();
   const int64_t size = static_cast<int64_t>(tokens_.size());
   for (auto p = it->second.rbegin(); p != it->second.rend(); ++p) {
-    const int64_t start = *p;
+    const int64_t start = *p - base_;    // local position; the window before it must be held too
+    if (start < kAnchor) break;          // older positions were dropped as well
     // true match length: compare backwards from the window (hash collisions fail here)
     int32_t len = 0;
     const int64_t limit = std::min<int64_t>({max_len, n, start});

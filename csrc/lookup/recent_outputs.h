@@ -4,7 +4,10 @@
 // order-1 tokens; a continuation that depends on a longer context (the rest of a function body
 // another request already wrote) is lost in it. This store keeps the tokens themselves, up to a
 // fixed capacity (the oldest half is dropped when it is full), with an index from every
-// `kAnchor`-token window to the most recent positions that followed it. A query hashes the
+// `kAnchor`-token window to the most recent positions that followed it. Positions are absolute
+// (tokens ever stored), so dropping tokens leaves the index alone: a query skips positions
+// that are gone, and each observe() sweeps a few index buckets for keys whose positions are all
+// gone, so neither a drop nor the sweep stalls a step. A query hashes the
 // request's last kAnchor tokens, extends each candidate backwards to its true match length (up to
 // max_len) and returns the longest matches with their continuations, the same SuffixMatch records
 // prompt lookup returns for the request's own text, so one match trie merges both.
@@ -42,17 +45,22 @@ class RecentOutputs {
   int64_t capacity_tokens() const { return capacity_; }
   int64_t size_tokens() const { return static_cast<int64_t>(tokens_.size()); }
   uint64_t observed_tokens() const { return observed_; }
+  uint64_t index_keys() const { return index_.size(); }
 
   using ReadLock = std::shared_lock<std::shared_mutex>;
   ReadLock read_lock() const { return ReadLock(mutex_); }
 
  private:
-  void index_from(int64_t begin);  // index the windows ending before positions >= begin
+  void index_from(int64_t begin);  // index the windows ending before local positions >= begin
   void drop_oldest_half();
+  void sweep(size_t buckets);      // erase keys whose positions were all dropped
 
   int64_t capacity_;
+  int64_t base_ = 0;               // absolute position of tokens_[0]
   std::vector<int32_t> tokens_;    // outputs, each followed by -1
-  std::unordered_map<uint64_t, std::vector<int32_t>> index_;  // window hash -> next positions, oldest first
+  // window hash -> absolute positions after it, oldest first (some may be dropped already)
+  std::unordered_map<uint64_t, std::vector<int64_t>> index_;
+  size_t sweep_bucket_ = 0;
   uint64_t observed_ = 0;
   mutable std::shared_mutex mutex_;
 };

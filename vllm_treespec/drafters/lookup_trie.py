@@ -34,6 +34,8 @@ __all__ = ["LookupTrieDrafter", "native_trees", "ONLINE_ONLY_ORDER"]
 # n-gram order of an online-only trie (drafter.path null) when drafter.order is null: four tokens
 # of context, as the distilled tries.
 ONLINE_ONLY_ORDER = 5
+# memory of the recent outputs per held token (the token, its index entry and hash buckets)
+RECENT_BYTES_PER_TOKEN = 32
 
 
 def native_trees(trie: Any, inputs: DraftInputs, **params: Any) -> list[DraftTree]:
@@ -92,8 +94,8 @@ class LookupTrieDrafter(Drafter):
             for trie in self._tries():
                 trie.enable_online(capacity_mb=float(config.online_mb))
                 if config.recent_max_ngram:
-                    # index: about 4 bytes per held token beside the 4 of the token itself
-                    trie.enable_recent(max(64, int(config.recent_mb * (1 << 20)) // 8))
+                    # measured about 30 bytes per token of capacity, index included (csrc/lookup/NOTES.md)
+                    trie.enable_recent(max(64, int(config.recent_mb * (1 << 20)) // RECENT_BYTES_PER_TOKEN))
         self.chain = tree is None or tree.builder == "chain"
         self.max_depth = (tree.max_depth if tree is not None else None) or 8
         self.params = dict(min_ngram=int(config.min_ngram), max_ngram=int(config.max_ngram),
