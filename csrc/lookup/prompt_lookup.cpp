@@ -4,16 +4,11 @@
 
 namespace treespec::lookup {
 
-namespace {
-
-// Ordering key: longer match, then longer usable continuation, then more recent.
-bool better(const SuffixMatch& a, const SuffixMatch& b) {
+bool ranks_before(const SuffixMatch& a, const SuffixMatch& b) {
   if (a.match_len != b.match_len) return a.match_len > b.match_len;
   if (a.continuation_len != b.continuation_len) return a.continuation_len > b.continuation_len;
   return a.continuation_start > b.continuation_start;
 }
-
-}  // namespace
 
 std::vector<SuffixMatch> find_suffix_matches(const int32_t* tokens, int64_t n, int min_n, int max_n,
                                              int k, int max_matches) {
@@ -35,14 +30,14 @@ std::vector<SuffixMatch> find_suffix_matches(const int32_t* tokens, int64_t n, i
     m.continuation_len = static_cast<int32_t>(std::min<int64_t>(k, n - (j + 1)));
     if (static_cast<int>(out.size()) < max_matches) {
       out.push_back(m);
-      std::push_heap(out.begin(), out.end(), better);  // heap front = worst kept
-    } else if (better(m, out.front())) {
-      std::pop_heap(out.begin(), out.end(), better);
+      std::push_heap(out.begin(), out.end(), ranks_before);  // heap front = worst kept
+    } else if (ranks_before(m, out.front())) {
+      std::pop_heap(out.begin(), out.end(), ranks_before);
       out.back() = m;
-      std::push_heap(out.begin(), out.end(), better);
+      std::push_heap(out.begin(), out.end(), ranks_before);
     }
   }
-  std::sort(out.begin(), out.end(), better);
+  std::sort(out.begin(), out.end(), ranks_before);
   return out;
 }
 

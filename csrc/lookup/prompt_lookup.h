@@ -15,6 +15,9 @@ struct SuffixMatch {
   int32_t continuation_len;    // tokens available after the match, capped at k
 };
 
+// Match order, best first: longer match, then longer available continuation, then more recent.
+bool ranks_before(const SuffixMatch& a, const SuffixMatch& b);
+
 // All earlier end positions where the last `match_len >= min_n` tokens of tokens[0:n] occur
 // again (match capped at max_n), best first: longer match, then longer available continuation
 // (capped at k), then more recent. At most `max_matches` results; only positions with at least

@@ -3,25 +3,17 @@
 #include <algorithm>
 #include <mutex>
 
+#include "ngram/online.h"
+
 namespace treespec::lookup {
 
 namespace {
 
+// The online layer's context hash (ngram/online.h), over the window read oldest token first.
 uint64_t window_key(const int32_t* w) {
-  uint64_t h = 0x243F6A8885A308D3ull;
-  for (int i = 0; i < RecentOutputs::kAnchor; ++i) {
-    uint64_t z = h + 0x9E3779B97F4A7C15ull + static_cast<uint32_t>(w[i]);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    h = z ^ (z >> 31);
-  }
+  uint64_t h = ngram::context_key_seed();
+  for (int i = 0; i < RecentOutputs::kAnchor; ++i) h = ngram::context_key_extend(h, w[i]);
   return h;
-}
-
-bool better(const SuffixMatch& a, const SuffixMatch& b) {
-  if (a.match_len != b.match_len) return a.match_len > b.match_len;
-  if (a.continuation_len != b.continuation_len) return a.continuation_len > b.continuation_len;
-  return a.continuation_start > b.continuation_start;
 }
 
 }  // namespace
@@ -110,7 +102,7 @@ std::vector<SuffixMatch> RecentOutputs::find(const int32_t* context, int64_t n, 
     if (cont == 0) continue;
     out.push_back({start, len, cont});
   }
-  std::sort(out.begin(), out.end(), better);
+  std::sort(out.begin(), out.end(), ranks_before);
   if (static_cast<int>(out.size()) > max_matches) out.resize(static_cast<size_t>(max_matches));
   return out;
 }
