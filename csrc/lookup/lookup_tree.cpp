@@ -56,16 +56,16 @@ std::vector<MatchNode> build_match_trie(const int32_t* tokens, int64_t n, int mi
   const auto shorter = [best_len](const SuffixMatch& m) { return m.match_len != best_len; };
   own.erase(std::remove_if(own.begin(), own.end(), shorter), own.end());
   others.erase(std::remove_if(others.begin(), others.end(), shorter), others.end());
-  trie.reserve((own.size() + others.size()) * static_cast<size_t>(max_depth) + 1);
+  // own has at most max_matches (find_suffix_matches); the recent ones fill what is left
+  others.resize(std::min(others.size(), static_cast<size_t>(max_matches) - own.size()));
+  size_t nodes = 1;
+  for (const auto* ms : {&own, &others})
+    for (const SuffixMatch& m : *ms) nodes += static_cast<size_t>(m.continuation_len);
+  trie.reserve(nodes);
   int32_t rank = 0;
-  for (const SuffixMatch& m : own) {
-    if (rank >= max_matches) break;
-    insert(&trie, tokens + m.continuation_start, m.continuation_len, rank++);
-  }
-  for (const SuffixMatch& m : others) {
-    if (rank >= max_matches) break;
+  for (const SuffixMatch& m : own) insert(&trie, tokens + m.continuation_start, m.continuation_len, rank++);
+  for (const SuffixMatch& m : others)
     insert(&trie, recent->data() + m.continuation_start, m.continuation_len, rank++);
-  }
   return trie;
 }
 

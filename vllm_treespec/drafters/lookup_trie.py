@@ -103,7 +103,7 @@ class LookupTrieDrafter(Drafter):
                            k=int(config.k), min_context=int(config.min_context),
                            lookup_weight=float(config.lookup_weight),
                            min_path_prob=float(config.min_path_prob),
-                           recent_max_ngram=int(config.recent_max_ngram) if self.online else 0,
+                           recent_max_ngram=int(config.recent_max_ngram),  # needs online_mb (config)
                            depth_per_match=float(config.depth_per_match))
         self.capabilities = DrafterCapabilities(
             observes_output=self.online, reads_sampling=self.sampled_trie is not None or self.online)
