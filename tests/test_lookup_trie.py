@@ -234,6 +234,8 @@ def test_drafter_from_config_on_the_fixture_trie(tiny_model):
     ({"drafter": {"type": "lookup_trie", "path": None, "online_mb": 1, "recent_max_ngram": 16, "recent_mb": 0}},
      "drafter.recent_mb: 0.0 leaves no room"),
     ({"drafter": {"type": "lookup_trie", "path": None, "online_mb": 1, "recent_max_ngram": 65}}, "drafter.recent_max_ngram"),
+    ({"drafter": {"type": "lookup_trie", "path": None, "online_mb": 1, "depth_per_match": -1}},
+     "drafter.depth_per_match: -1.0 is out of range"),
 ])
 def test_config_errors_name_the_key(raw, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
