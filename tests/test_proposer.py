@@ -229,3 +229,56 @@ def test_reach_floor_caps_each_request_from_its_acceptance():
 
 def test_reach_floor_off_by_default(proposer):
     assert proposer.budget.reach is None
+
+
+def test_confidence_mode_keeps_what_the_rated_nodes_pay_for_and_learns_from_verification():
+    """budget.gain.confidence: every unseeded request drafts, its tree is cut to the nodes whose
+    calibrated rating pays for their rows (all of them while rows are free, none when a row costs
+    more than any node is worth), and verification calibrates the ratings."""
+    from vllm_treespec.budget.gain import GainCosts
+
+    from vllm_treespec.engine.proposer import TreeProposer
+
+    p = TreeProposer(_vllm_config(k=4, treespec={"drafter": {"type": "prompt_lookup"},
+                                                 "budget": {"gain": {"enabled": True, "confidence": True}}}))
+    from vllm import SamplingParams
+
+    ids = ["a", "b"]
+    runner = _runner([[1, 2, 3, 9, 1, 2, 3]] * 2, ids)
+    runner.requests = {r: SimpleNamespace(sampling_params=SamplingParams(temperature=0.0), output_token_ids=[1])
+                       for r in ids}
+    assert p.propose_step(runner, _sched(), [[3]] * 2) == [[9, 1, 2, 3]] * 2
+    assert p.requests["a"].rated[0] == "greedy"
+    step = p.plan_step(ids, np.array([5] * 2), {r: [9, 1, 2, 3] for r in ids}, np.array([0, 5, 10]),
+                       np.array([7] * 2))
+    accepted_nodes = np.array([[1, 2, -1, -1], [-1, -1, -1, -1]])
+    p.budget.observe_verified(p.requests, step, [2, 0], [4, 4], accepted_nodes)
+    assert p.budget.calibration.observed("greedy").sum() == 8          # both trees' 4 nodes
+    assert p.requests["a"].rated is None                               # counted once
+    # rows dearer than the (calibrated) nodes are worth: nothing drafted, a plain step follows
+    p.budget.gain.measured_costs = lambda: GainCosts(row=1.0, request=0.0, greedy_request=0.0)
+    assert p.propose_step(runner, _sched(), [[3]] * 2) == [[], []]
+    assert "a" not in p.requests.trees and p.requests["a"].rated is None
+    # rows at half of what the first nodes are worth: a prefix is kept
+    p.budget.gain.measured_costs = lambda: GainCosts(row=0.2, request=0.0, greedy_request=0.0)
+    drafts = p.propose_step(runner, _sched(), [[3]] * 2)
+    assert all(0 < len(d) <= 4 for d in drafts) and drafts[0] == [9, 1, 2, 3][:len(drafts[0])]
+
+
+def test_confidence_mode_leaves_sampled_requests_on_their_own_history():
+    """Sampled requests keep the history rule: drafting each of them every step to rate its draft
+    measured as losing (docs/never-slower.md), and a seeded one's trees must not depend on
+    other traffic."""
+    from vllm import SamplingParams
+
+    from vllm_treespec.engine.proposer import TreeProposer
+
+    p = TreeProposer(_vllm_config(k=4, treespec={"drafter": {"type": "prompt_lookup"},
+                                                 "budget": {"gain": {"enabled": True, "confidence": True}}}))
+    ids = ["seeded", "unseeded"]
+    runner = _runner([[1, 2, 3, 9, 1, 2, 3]] * 2, ids)
+    runner.requests = {r: SimpleNamespace(sampling_params=SamplingParams(temperature=0.8, seed=seed),
+                                          output_token_ids=[1]) for r, seed in zip(ids, (3, None))}
+    assert p.propose_step(runner, _sched(), [[3]] * 2) == [[9, 1, 2, 3]] * 2     # optimistic / class prior
+    assert all(p.requests[r].rated is None and p.requests[r].gain.waited is None for r in ids)
+    assert p.requests["seeded"].seeded_sampled and p.requests["unseeded"].gain_class == "T0.8"

@@ -477,6 +477,12 @@ class GainConfig:
         "Measured costs are multiplied by this before deciding: drafts the cost model rates "
         "break-even measured slower than no drafts (costs it does not see), so a request drafts "
         "only what clearly pays."))
+    confidence: bool = spec(False, doc=(
+        "Greedy requests draft every step and keep the longest prefix of their tree whose "
+        "nodes' calibrated acceptance pays for their rows; calibration maps the drafter's own "
+        "path probability to measured acceptance (budget/confidence.py). Off, and for sampled "
+        "requests: drafting is decided from each request's past acceptance, with probes. "
+        "Drafters that draw drafts from their q (draft models that sample) cannot use it."))
     calibrate_every: int = spec(32, ge=0, le=100000, doc=(
         "Every this many steps no unseeded request drafts (0 = never): the step cost model "
         "needs steps of different sizes to tell the cost of a verified row from the cost of the "

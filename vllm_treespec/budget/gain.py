@@ -39,6 +39,12 @@ first steps are a large share of its life. A stopped request's first probe inter
 class's: it doubles when a probe of the class does not turn into drafting and halves when one
 does, so under sampled traffic that does not pay, new requests probe rarely from the start.
 
+Confidence mode (`budget.gain.confidence`, greedy requests; budget/confidence.py): instead of
+deciding before drafting, the request drafts every step and `decide_rated` keeps the prefix of its
+tree whose nodes pay for their rows, each node worth the larger of its drafter's rating as
+calibrated on what was accepted and the request's own reach at its depth; no stopped state, no
+probes. The step is then settled as above.
+
 Seeded sampled requests: their tokens depend on their tree shapes (the coins of verify/coins.py
 sample whichever nodes exist), so their decisions use only their own history and the fixed costs
 `fixed_row_cost` / `fixed_request_cost` from the config, never the measured batch costs: a seeded
@@ -54,6 +60,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from vllm_treespec.budget.confidence import keep_prefixes
 from vllm_treespec.budget.reach import SAMPLED, ReachCap, ReachRecord, observe_depths
 
 __all__ = ["ClassAcceptance", "GAIN_DECISIONS", "GainControl", "GainCosts", "GainDecision", "GainRecord",
@@ -210,13 +217,14 @@ class GainDecision:
     own: bool = False         # decided on the request's own history alone (seeded sampled)
 
 
-GAIN_DECISIONS = ("draft", "probe", "stopped", "calibration", "held")
+GAIN_DECISIONS = ("draft", "probe", "stopped", "calibration", "held", "declined")
 
 
 def decision_kind(decision: GainDecision, calibrating: bool) -> str:
     """What a decision was, for counting: a draft that pays, a probe, a stopped request, or a
-    request held back by a calibration step (`held`, drafts the step could not pay for, is
-    counted by the caller after `settle`)."""
+    request held back by a calibration step (`held`, drafts the step could not pay for, and
+    `declined`, rated drafts none of whose nodes paid (`decide_rated`), are counted by the
+    caller)."""
     if decision.probe:
         return "probe"
     if decision.nodes > 0:
@@ -350,6 +358,29 @@ class GainControl:
             return GainDecision(min(cap, self.probe_nodes), probe=True)
         record.waited = waited
         return GainDecision(0)
+
+    def decide_rated(self, records: Sequence[GainRecord], worth: np.ndarray, depths: np.ndarray,
+                     offsets: np.ndarray, costs: GainCosts) -> list[GainDecision]:
+        """Confidence mode (budget/confidence.py), greedy requests, one step: each request has
+        drafted a tree, whose nodes are `worth[offsets[t]:offsets[t+1]]` (their calibrated
+        acceptance by rating) at `depths` (same layout). A node is worth the larger of that and
+        the request's own reach at its depth (the history rule's estimate): the pooled rating
+        undervalues a request that is copying an earlier answer, its history undervalues one
+        that has just started to. Each keeps the longest prefix whose every node is worth its
+        row (times the margin), if the kept nodes' net gain is positive (its drafter time is
+        spent already). No stopped state or probes: every step's own draft is rated afresh."""
+        sizes = np.diff(offsets)
+        if records:
+            own = self.reach.reach_many([r.acceptance for r in records])          # [T, max_depth]
+            tree_of = np.repeat(np.arange(len(records)), sizes)
+            worth = np.maximum(worth, own[tree_of, np.clip(np.asarray(depths) - 1, 0, own.shape[1] - 1)])
+        kept, net = keep_prefixes(worth, offsets, self.margin * costs.row)
+        decisions = []
+        for record, n, gain in zip(records, kept.tolist(), net.tolist()):
+            record.waited = record.interval = None
+            record.probing = record.probed = False
+            decisions.append(GainDecision(n, net=gain) if n > 0 and gain > 0 else GainDecision(0))
+        return decisions
 
     def settle(self, decisions: Sequence[GainDecision]) -> bool:
         """Whether this step's drafts together pay for making it speculative (module docstring).

@@ -104,6 +104,13 @@ class ReachCap:
         w, p = self.prior_weight, self.prior if prior is None else prior
         return np.cumprod((record.accepted + p * w) / (record.reached + w))
 
+    def reach_many(self, records: Sequence[ReachRecord]) -> np.ndarray:
+        """float [len(records), max_depth]: `reach` of each record (constant prior), in one pass."""
+        w = self.prior_weight
+        accepted = np.stack([r.accepted for r in records])
+        reached = np.stack([r.reached for r in records])
+        return np.cumprod((accepted + self.prior * w) / (reached + w), axis=1)
+
     def observe(self, records: Sequence[ReachRecord], depths: Sequence[int], accepted: Sequence[int]) -> None:
         """One verified step: per drafted request, its record, its tree's deepest node depth and
         the length of its accepted path (bonus token not counted)."""

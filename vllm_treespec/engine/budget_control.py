@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from vllm_treespec.budget import make_budget_policy
-from vllm_treespec.budget.gain import GAIN_DECISIONS, GainControl, GainDecision, decision_kind
+from vllm_treespec.budget.confidence import GREEDY_CLASS, DraftCalibration, batch_path_probs
+from vllm_treespec.budget.gain import GAIN_DECISIONS, GainControl, GainCosts, GainDecision, decision_kind
 from vllm_treespec.budget.reach import ReachCap
 from vllm_treespec.config import TreespecConfig
 from vllm_treespec.engine.request_table import RequestTable
@@ -52,6 +53,13 @@ class BudgetControl:
             probe_nodes=gain.probe_nodes, fixed_row_cost=gain.fixed_row_cost,
             fixed_request_cost=gain.fixed_request_cost, margin=gain.margin,
             calibrate_every=gain.calibrate_every) if gain.enabled else None
+        # budget.gain.confidence: greedy requests draft first and keep what their drafter's
+        # calibrated ratings say pays (budget/confidence.py); the proposer refuses it for
+        # drafters whose drafts carry q rows (their nodes are not theirs to cut)
+        self.calibration = DraftCalibration() if gain.enabled and gain.confidence else None
+        # a step's gain decisions between `caps` and `rate_drafts` when some wait for their drafts:
+        # (decided per request index, this step's costs, the request indices that wait)
+        self._pending: tuple[dict[int, GainDecision | None], GainCosts, list[int]] | None = None
         # auto budgets depend on each rank's own timings: rank 0's choice is broadcast every step
         # so all tensor-parallel ranks draft the same trees
         self._sync = (config.budget.mode == "auto"
@@ -90,8 +98,9 @@ class BudgetControl:
         budget = min(budget, chosen)
         caps = [min(budget, max(self.max_model_len - t, 0)) if d else 0 for t, d in zip(lengths, decoding)]
         gain_costs = None     # budget.gain's row and request costs, once per step
-        gain_counts: dict[str, int] = {}
         decided: dict[int, GainDecision | None] = {}   # budget.gain's decision per request index
+        rated: list[int] = []          # request indices decided on their drafts (`rate_drafts`)
+        self._pending = None
         if self.gain is not None:
             self.gain.begin_step()
         for i, cap in enumerate(caps):
@@ -114,21 +123,79 @@ class BudgetControl:
             if self.gain is not None and caps[i] > 0:
                 if gain_costs is None:
                     gain_costs = self.gain.measured_costs()
-                    gain_counts = dict.fromkeys(GAIN_DECISIONS, 0)
+                if self.calibration is not None and st.is_greedy and not self.gain.calibrating:
+                    rated.append(i)
+                    continue
                 decision = self.gain.decide(st.gain_record(self.gain), caps[i], st.seeded_sampled, gain_costs,
                                             st.gain_class)
                 caps[i] = decision.nodes
                 decided[i] = decision
-        if decided and not self.gain.settle(list(decided.values())):
+        if rated:
+            assert gain_costs is not None
+            self._pending = (decided, gain_costs, rated)
+        elif decided:
+            assert gain_costs is not None
+            self._settle(caps, decided, gain_costs)
+        return caps, choice
+
+    def rate_drafts(self, requests: RequestTable, req_ids: Sequence[str], proposal: Any,
+                    caps: list[int]) -> None:
+        """budget.gain.confidence: the step's drafts rated by the drafter, cut to what pays
+        (GainControl.decide_rated), then the step settled as a whole (`GainControl.settle`).
+        Changes `proposal.trees` and `caps` in place; a no-op when no decision waits for a draft."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        decided, costs, rated = pending
+        assert self.gain is not None and self.calibration is not None
+        drafted = []                                  # request indices with a tree to rate
+        for i in rated:
+            requests.state(req_ids[i]).rated = None
+            tree = proposal.trees[i] if proposal is not None else None
+            if tree is None or tree.num_draft == 0:
+                decided[i], caps[i] = GainDecision(0), 0
+            else:
+                drafted.append(i)
+        if drafted:
+            trees = [proposal.trees[i] for i in drafted]
+            probs, offsets = batch_path_probs(trees)
+            depths = np.concatenate([t.depth[1:] for t in trees])
+            states = [requests.state(req_ids[i]) for i in drafted]
+            decisions = self.gain.decide_rated([st.gain_record(self.gain) for st in states],
+                                               self.calibration.worth(GREEDY_CLASS, probs), depths, offsets, costs)
+            for i, tree, st, decision, start in zip(drafted, trees, states, decisions, offsets.tolist()):
+                n = decision.nodes
+                decided[i], caps[i] = decision, n
+                if n < tree.num_draft:
+                    proposal.trees[i] = tree.prefix(n)
+                if n:
+                    st.rated = (GREEDY_CLASS, probs[start:start + n])
+        self._settle(caps, decided, costs, rated, proposal, requests, req_ids)
+
+    def _settle(self, caps: list[int], decided: dict[int, GainDecision | None], costs: GainCosts,
+                rated: Sequence[int] = (), proposal: Any = None, requests: RequestTable | None = None,
+                req_ids: Sequence[str] = ()) -> None:
+        """Hold every draft back when together they do not pay for a speculative step, then count
+        the step's decisions (rated requests left with nothing: `declined`)."""
+        assert self.gain is not None
+        rated = set(rated)
+        if not self.gain.settle([d for d in decided.values() if d is not None]):
             for i, decision in decided.items():       # drafts that cannot pay for the step
-                if decision.nodes > 0:
+                if decision is not None and decision.nodes > 0:
                     caps[i] = 0
                     decided[i] = None
-        for decision in decided.values():
-            gain_counts["held" if decision is None else decision_kind(decision, self.gain.calibrating)] += 1
-        if gain_costs is not None:
-            self.stats.observe_gain(gain_counts, gain_costs, self.gain.cost.coefficients())
-        return caps, choice
+                    if i in rated:
+                        proposal.trees[i] = proposal.trees[i].prefix(0)
+                        requests.state(req_ids[i]).rated = None
+        counts = dict.fromkeys(GAIN_DECISIONS, 0)
+        for i, decision in decided.items():
+            if decision is None:
+                counts["held"] += 1
+            elif i in rated and decision.nodes == 0:
+                counts["declined"] += 1
+            else:
+                counts[decision_kind(decision, self.gain.calibrating)] += 1
+        self.stats.observe_gain(counts, costs, self.gain.cost.coefficients())
 
     def _output_room(self, runner: Any, req_id: str, num_tokens: int) -> int:
         """Drafts the request can still emit: max_tokens minus its output so far, minus the token
@@ -142,11 +209,15 @@ class BudgetControl:
 
     # -- learning -------------------------------------------------------------------------------
     def observe_verified(self, requests: RequestTable, step: TreeStep, accepted_len: list[int],
-                         sizes: list[int]) -> None:
+                         sizes: list[int], accepted_nodes: np.ndarray | None = None) -> None:
         """A verified step's trees: per tree its budget, accepted and drafted nodes (for the
-        policy, at the next `observe_step`), and the depths reached (reach and gain rules)."""
+        policy, at the next `observe_step`), the depths reached (reach and gain rules) and, for
+        rated drafts, which of their nodes were accepted (`accepted_nodes`: int [trees, W] local
+        node ids, -1 padded; budget.gain.confidence)."""
         self._verified = ([st.budget_given if (st := requests.get(r)) is not None else 0 for r in step.req_ids],
                           accepted_len, sizes)
+        if self.calibration is not None and accepted_nodes is not None:
+            self._observe_rated(requests, step.req_ids, sizes, accepted_nodes)
         if (self.reach is None and self.gain is None) or not step.num_trees:
             return
         offsets = step.trees.offsets.numpy()
@@ -157,6 +228,24 @@ class BudgetControl:
             self.stats.observe_reach(self.reach_means(requests))
         if self.gain is not None:
             self.gain.observe_trees([st.gain_record(self.gain) for st in states], depths, accepted_len)
+
+    def _observe_rated(self, requests: RequestTable, req_ids: Sequence[str], sizes: Sequence[int],
+                       accepted_nodes: np.ndarray) -> None:
+        """Calibrate the drafter's ratings on the verified nodes of rated drafts (as many as vLLM
+        scheduled of each: it may cut a tree to a prefix)."""
+        assert self.calibration is not None
+        for t, req_id in enumerate(req_ids):
+            st = requests.get(req_id)
+            if st is None or st.rated is None:
+                continue
+            cls, probs = st.rated
+            st.rated = None
+            n = min(int(sizes[t]), probs.size)
+            accepted = np.zeros(n, dtype=bool)
+            nodes = accepted_nodes[t]
+            nodes = nodes[(nodes >= 1) & (nodes <= n)]
+            accepted[nodes - 1] = True
+            self.calibration.observe(cls, probs[:n], accepted)
 
     def reach_means(self, requests: RequestTable) -> dict[str, float]:
         """Mean reach cap of the live requests of each sampling class (for stats and /metrics)."""

@@ -96,7 +96,7 @@ class TreeMetrics:
         self.fallbacks = counter("treespec_fallback_steps", "Decoding steps without drafts because a "
                                  "request option cannot be verified on a tree.", ["reason"])
         self.gain_decisions = counter("treespec_gain_decisions", "budget.gain: requests per decision "
-                                      "(draft, probe, stopped, calibration, held), one per request and step.",
+                                      "(draft, probe, stopped, calibration, held, declined), one per request and step.",
                                       ["decision"])
         self.gain_cost = gauge("treespec_gain_cost_tokens", "budget.gain: measured cost in tokens of a "
                                "verified row (row) and of drafting at all (request: a sampled request's, greedy_request: "

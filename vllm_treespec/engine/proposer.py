@@ -66,6 +66,12 @@ class TreeProposer:
         self.drafter = make_drafter(self.config.drafter, tokenizer, self.config.tree,
                                     max_model_len=int(model.max_model_len), max_nodes=self.node_budget,
                                     vocab_limit=model.get_vocab_size())
+        if self.budget.calibration is not None and self.drafter.capabilities.samples_drafts:
+            from vllm_treespec.config import ConfigError
+
+            raise ConfigError(f"budget.gain.confidence: drafter {self.config.drafter.type!r} draws its drafts "
+                              "from its own q, and such trees cannot be cut to the nodes that pay; set "
+                              "budget.gain.confidence: false in the treespec config")
         self.requests = RequestTable()
         self.committed = CommittedRows()      # what the last step committed (target-state drafters)
         self.sampler = TreeStepSampler(coin_rows=k + 1)
@@ -151,6 +157,7 @@ class TreeProposer:
                 req_ids=req_ids, token_ids=token_ids_cpu, rows=np.arange(n, dtype=np.int64),
                 num_tokens=num_tokens, budgets=np.array(caps, dtype=np.int64), target=target,
                 sampling=sampling, tree_overrides=choice.tree_params({})))   # a table rule's tree keys
+        self.budget.rate_drafts(self.requests, req_ids, proposal, caps)
         drafts = self.requests.record_drafts(req_ids, proposal, decoding, caps)
         self.budget.draft_seconds = time.perf_counter() - start
         self.stats.observe_draft(self.budget.draft_seconds, [c for c, d in zip(caps, decoding) if d],
@@ -189,7 +196,7 @@ class TreeProposer:
         self.committed.verified(step, verified.accepted_nodes)
         sizes = (step.tree_sizes - 1).tolist()
         self.requests.count_accepted(step.req_ids, verified.accepted_len)
-        self.budget.observe_verified(self.requests, step, verified.accepted_len, sizes)
+        self.budget.observe_verified(self.requests, step, verified.accepted_len, sizes, verified.accepted_nodes)
         attn = step.attn.seconds if step.attn is not None else 0.0
         # the speculative step's own cost beyond the forward (budget.gain prices drafting with it)
         self.budget.spec_overhead = time.perf_counter() - start + step.plan_seconds + attn

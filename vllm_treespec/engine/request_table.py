@@ -51,6 +51,8 @@ class RequestState:
     # its state in the budget rules (engine/budget_control.py), made on first use
     reach: ReachRecord | None = None    # budget.reach_floor: its acceptance counts by depth and cap
     gain: GainRecord | None = None      # budget.gain: its acceptance, probe schedule and class
+    rated: tuple[str, Any] | None = None   # budget.gain.confidence: (class, path probabilities of
+                                            # its kept nodes) until its drafts are verified
 
     def read_options(self, params: Any) -> None:
         """The request's fixed options: what keeps it from drafting, its own node cap
@@ -65,6 +67,12 @@ class RequestState:
         self.seeded_sampled = (getattr(params, "seed", None) is not None
                                and ReachCap.sampling_class(temperature) == SAMPLED)
         self.gain_class = None if self.seeded_sampled else gain_class(temperature)
+
+    @property
+    def is_greedy(self) -> bool:
+        """Greedy: neither seeded sampled nor in a sampled class (its tokens never depend on its
+        trees). Known once its options were read (`read_options`)."""
+        return self.options_checked and not self.seeded_sampled and self.gain_class is None
 
     def reach_record(self, rule: ReachCap) -> ReachRecord:
         """Its budget.reach_floor record, made on first use."""

@@ -1,0 +1,156 @@
+"""Draft confidence, calibrated online (`budget.gain.confidence`): what a drafted node is worth,
+read from the drafter's own rating of it this step, not from the request's past.
+
+Why: a request's history says little about its next step when acceptance comes in bursts. A
+model-free drafter matching a request against earlier answers is right for 20 tokens while the
+request repeats one and wrong as soon as it stops; gain control by history alone (budget/gain.py)
+stops such a request after a miss and waits for a probe, and served at 8 greedy clients it drafted
+in 44% of its decisions where the drafter had a draft in 95% of steps
+(docs/never-slower.md, "Drafts priced by their own confidence"). The drafter already rates each
+node: `DraftTree.logprob` is its log-probability of the node's token given its path, so the path
+probability of node i is the product along its path. That rating ranks well but is not a
+probability of acceptance (replayed on unseen code, nodes rated 0.95 and above were accepted 80%
+of the time, nodes rated 0.1-0.2 10%), so it is calibrated online: per sampling class (greedy, or
+the temperature to one decimal) and path-probability bin, the decayed counts of verified nodes
+and of those accepted. A node's worth is its bin's acceptance rate, made non-decreasing in the
+rating (a node rated higher is never worth less: adjacent bins that break the order are pooled,
+weighted by how much each has seen), and a tree is kept up to the first node worth
+less than a verified row costs (`keep_prefixes`).
+
+Nodes below that cost are never verified, so their bins keep their prior (the rating itself:
+optimistic, so drafting starts at once and learns from its first steps, as the greedy prior of
+budget/reach.py does).
+
+Pure numpy: no vLLM.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from vllm_treespec.tree import DraftTree
+
+__all__ = ["DraftCalibration", "GREEDY_CLASS", "batch_path_probs", "keep_prefixes", "path_probs"]
+
+GREEDY_CLASS = "greedy"       # the calibration class of greedy requests (sampled: budget.gain's class)
+
+
+def path_probs(tree: DraftTree) -> np.ndarray:
+    """float64 [num_draft]: each draft node's path probability, the product of the drafter's
+    probabilities along its path from the root (nodes in the tree's order)."""
+    lp = np.asarray(tree.logprob, dtype=np.float64)
+    n = tree.num_draft
+    if n == 0:
+        return np.zeros(0)
+    if tree.is_chain:                                     # one cumulative sum
+        return np.exp(np.cumsum(lp[1:]))
+    parents = np.asarray(tree.parents)
+    path = np.zeros(n + 1)
+    for i in range(1, n + 1):                             # topological order: parents[i] < i
+        path[i] = path[parents[i]] + lp[i]
+    return np.exp(path[1:])
+
+
+def batch_path_probs(trees: list[DraftTree]) -> tuple[np.ndarray, np.ndarray]:
+    """(float64 [total draft nodes] path probabilities of every tree's draft nodes, int64 [T+1]
+    offsets of each tree's nodes in it): one pass for chains, `path_probs` per branching tree."""
+    sizes = np.fromiter((t.num_draft for t in trees), dtype=np.int64, count=len(trees))
+    offsets = np.zeros(len(trees) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    if all(t.is_chain for t in trees):
+        lp = np.concatenate([np.asarray(t.logprob[1:], dtype=np.float64) for t in trees]) if trees else np.zeros(0)
+        total = np.cumsum(lp)
+        before = np.concatenate([[0.0], total])[offsets[:-1]]        # the running sum before each tree
+        return np.exp(total - np.repeat(before, sizes)), offsets
+    return (np.concatenate([path_probs(t) for t in trees]) if trees else np.zeros(0)), offsets
+
+
+def keep_prefixes(worth: np.ndarray, offsets: np.ndarray, row_cost: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per tree (nodes `worth[offsets[t]:offsets[t+1]]`): (int64 nodes kept, float their net
+    gain in tokens). Kept = the longest prefix (in the tree's order, so the kept nodes are a tree)
+    whose every node is worth at least `row_cost` tokens."""
+    sizes = np.diff(offsets)
+    if worth.size == 0:
+        return np.zeros(sizes.size, dtype=np.int64), np.zeros(sizes.size)
+    starts = offsets[:-1]
+    local = np.arange(worth.size) - np.repeat(starts, sizes)
+    first_below = np.where(worth < row_cost, local, np.repeat(sizes, sizes))
+    nonempty = sizes > 0
+    kept = np.zeros(sizes.size, dtype=np.int64)
+    kept[nonempty] = np.minimum.reduceat(first_below, starts[nonempty])
+    running = np.concatenate([[0.0], np.cumsum(worth)])
+    net = running[starts + kept] - running[starts] - kept * row_cost
+    return kept, net
+
+
+class DraftCalibration:
+    """Acceptance of drafted nodes by the drafter's path probability, per class.
+
+    `bins`: equal-width path-probability bins over [0, 1]; `prior_weight`: pseudo-nodes per bin
+    at the bin's centre rate (its prior); `window`: counts are halved when a bin has seen this
+    many nodes, so the rates follow the traffic (the last few thousand nodes of each bin)."""
+
+    def __init__(self, bins: int = 20, prior_weight: float = 4.0, window: float = 2048.0) -> None:
+        if bins < 1 or prior_weight <= 0 or window <= prior_weight:
+            raise ValueError("need bins >= 1, prior_weight > 0, window > prior_weight")
+        self.bins = int(bins)
+        self.prior_weight, self.window = float(prior_weight), float(window)
+        self._prior = (np.arange(self.bins) + 0.5) / self.bins
+        self._counts: dict[str, tuple[np.ndarray, np.ndarray]] = {}   # class -> (verified, accepted)
+        self._rates: dict[str, np.ndarray] = {}                        # class -> rates, until observed
+
+    def _bin(self, probs: np.ndarray) -> np.ndarray:
+        return np.clip((np.asarray(probs, dtype=np.float64) * self.bins).astype(np.int64), 0, self.bins - 1)
+
+    def rates(self, cls: str) -> np.ndarray:
+        """float [bins]: each bin's acceptance rate for the class, non-decreasing in the bin
+        (computed once per class after each `observe`)."""
+        rates = self._rates.get(cls)
+        if rates is None:
+            counts = self._counts.get(cls)
+            if counts is None:
+                return self._prior
+            verified, accepted = counts
+            w = self.prior_weight
+            rates = self._rates[cls] = _monotone((accepted + w * self._prior) / (verified + w), verified + w)
+        return rates
+
+    def worth(self, cls: str, probs: np.ndarray) -> np.ndarray:
+        """float [n]: expected acceptance of nodes rated `probs` (path probabilities)."""
+        return self.rates(cls)[self._bin(probs)]
+
+    def observe(self, cls: str, probs: np.ndarray, accepted: np.ndarray) -> None:
+        """Verified nodes of one tree: their path probabilities and whether each was accepted."""
+        if len(probs) == 0:
+            return
+        counts = self._counts.get(cls)
+        if counts is None:
+            counts = self._counts[cls] = (np.zeros(self.bins), np.zeros(self.bins))
+        self._rates.pop(cls, None)
+        verified, acc = counts
+        b = self._bin(probs)
+        np.add.at(verified, b, 1.0)
+        np.add.at(acc, b, np.asarray(accepted, dtype=np.float64))
+        full = verified >= self.window
+        if full.any():
+            verified[full] *= 0.5
+            acc[full] *= 0.5
+
+    def observed(self, cls: str) -> np.ndarray:
+        """float [bins]: the class's (decayed) verified-node counts (zeros before any)."""
+        counts = self._counts.get(cls)
+        return counts[0].copy() if counts is not None else np.zeros(self.bins)
+
+
+def _monotone(rates: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """The non-decreasing sequence closest to `rates` in weighted least squares (pool adjacent
+    violators): a bin seen rarely (its prior's weight only) that breaks the order is pooled with
+    its well-measured neighbour and takes little of its value, instead of lifting it."""
+    blocks: list[list[float]] = []             # [weighted sum, weight, bins]
+    for r, w in zip(rates.tolist(), weights.tolist()):
+        blocks.append([r * w, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            s, w2, n = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += w2
+            blocks[-1][2] += n
+    return np.repeat([b[0] / b[1] for b in blocks], [b[2] for b in blocks])
