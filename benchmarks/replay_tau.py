@@ -22,7 +22,10 @@ joins the global tree when the request finishes, as vLLM's proposer does):
         --configs lookup-online suffix
 
 tau here = 1 + accepted / steps-with-a-draft (the serving benchmark's definition); also printed:
-tokens per step over all steps, and drafting time per step (drafter + builder, one thread).
+tokens per step over all steps, and drafting time per step (drafter + builder, one thread). The
+record also keeps, per config, the share of steps with a draft and, per bin of the drafter's own
+rating of a node (its path probability), how many nodes were drafted there and the share accepted:
+what budget.gain.confidence calibrates (`--ratings` prints it).
 
 Drafters that read the target's hidden states (DART heads) get them from one Hugging Face forward
 over prompt + output per request (the same weights; vLLM's aux id j = HF hidden_states[j]), and
@@ -89,6 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"preset names, {', '.join(INLINE)} or suffix (vLLM's suffix method)")
     p.add_argument("--config-json", action="append", default=[], help="extra inline treespec config")
     p.add_argument("--output", type=Path, default=None, help="JSON record (default: print only)")
+    p.add_argument("--ratings", action="store_true", help="print each config's rating table")
     return p.parse_args(argv)
 
 
@@ -117,15 +121,31 @@ def reference_outputs(model_dir: Path, prompts: Sequence[str], max_tokens: int) 
     return records
 
 
-def accepted_length(tokens: np.ndarray, parents: np.ndarray, continuation: Sequence[int]) -> int:
-    """Length of the longest root path whose draft tokens spell a prefix of `continuation`."""
-    node, depth = 0, 0
-    while depth < len(continuation):
-        children = np.nonzero((parents == node) & (tokens == continuation[depth]))[0]
+def accepted_path(tokens: np.ndarray, parents: np.ndarray, continuation: Sequence[int]) -> list[int]:
+    """Nodes of the longest root path whose draft tokens spell a prefix of `continuation`."""
+    node, path = 0, []
+    while len(path) < len(continuation):
+        children = np.nonzero((parents == node) & (tokens == continuation[len(path)]))[0]
         if children.size == 0:
             break
-        node, depth = int(children[0]), depth + 1
-    return depth
+        node = int(children[0])
+        path.append(node)
+    return path
+
+
+def accepted_length(tokens: np.ndarray, parents: np.ndarray, continuation: Sequence[int]) -> int:
+    """Length of the longest root path whose draft tokens spell a prefix of `continuation`."""
+    return len(accepted_path(tokens, parents, continuation))
+
+
+RATING_BINS = 20
+
+
+def rating_table(verified: np.ndarray, accepted: np.ndarray) -> list[dict]:
+    """Per path-probability bin of the drafter's own rating (budget/confidence.py): nodes drafted
+    and the share accepted, the evidence that budget.gain.confidence calibrates it."""
+    return [{"rating": [round(b / RATING_BINS, 3), round((b + 1) / RATING_BINS, 3)], "nodes": int(verified[b]),
+             "accepted_share": float(accepted[b] / verified[b])} for b in range(RATING_BINS) if verified[b]]
 
 
 def target_features(model: Any, records: Sequence[dict], aux_ids: Sequence[int]) -> list[list[Any]]:
@@ -142,17 +162,22 @@ def target_features(model: Any, records: Sequence[dict], aux_ids: Sequence[int])
 
 
 def replay(drafter: Any, budget: int, records: Sequence[dict], max_len: int = 1024,
-           features: Sequence[list[Any]] | None = None, concurrency: int = 1) -> dict:
+           features: Sequence[list[Any]] | None = None, concurrency: int = 1, ratings: bool = True) -> dict:
     """Replay one drafter over every recorded request. `concurrency` requests are in flight at
     once, in order, each finished one replaced by the next (continuous batching); a step drafts
     for every request in flight in one propose call, so drafters that learn from other requests
     see them as a server would. `features`: per record the target's aux hidden states (drafters
-    whose capabilities say uses_target_states)."""
+    whose capabilities say uses_target_states); `ratings`: tabulate acceptance by the drafter's
+    own node ratings (`rating_table`; off for drafters whose trees carry none)."""
     from vllm_treespec.drafters import DraftInputs
     from vllm_treespec.drafters.base import TargetStates
 
+    from vllm_treespec.budget.confidence import path_probs
+
     steps = drafted_steps = accepted = nodes = 0
     draft_s = 0.0
+    rated = np.zeros(RATING_BINS)               # drafted nodes per rating bin (treespec trees only)
+    rated_hits = np.zeros(RATING_BINS)
     slots = max(1, concurrency)
     if features is not None and slots > 1:
         raise ValueError("drafters that read target states replay at concurrency 1 only")
@@ -195,8 +220,12 @@ def replay(drafter: Any, budget: int, records: Sequence[dict], max_len: int = 10
         finished = []
         for a, tree, m in zip(active, trees, remaining):
             out = records[a["r"]]["output_ids"]
-            acc = accepted_length(tree.tokens, tree.parents, out[a["t"]:]) if tree.num_draft else 0
-            acc = min(acc, m - 1)
+            path = accepted_path(tree.tokens, tree.parents, out[a["t"]:]) if tree.num_draft else []
+            acc = min(len(path), m - 1)
+            if ratings and tree.num_draft:
+                b = np.minimum((path_probs(tree) * RATING_BINS).astype(np.int64), RATING_BINS - 1)
+                np.add.at(rated, b, 1.0)
+                np.add.at(rated_hits, b[np.asarray(path[:acc], dtype=np.int64) - 1], 1.0)
             steps += 1
             if tree.num_draft:
                 drafted_steps += 1
@@ -215,7 +244,8 @@ def replay(drafter: Any, budget: int, records: Sequence[dict], max_len: int = 10
     total = sum(len(rec["output_ids"]) - 1 for rec in records)
     return {"tau": 1 + accepted / max(drafted_steps, 1), "tokens_per_step": total / max(steps, 1),
             "steps": steps, "drafted_steps": drafted_steps, "accepted": accepted,
-            "mean_nodes": nodes / max(drafted_steps, 1), "draft_ms_per_step": 1e3 * draft_s / max(steps, 1)}
+            "mean_nodes": nodes / max(drafted_steps, 1), "draft_ms_per_step": 1e3 * draft_s / max(steps, 1),
+            "drafted_share": drafted_steps / max(steps, 1), "ratings": rating_table(rated, rated_hits)}
 
 
 class SuffixReplay:
@@ -317,12 +347,17 @@ def main(argv: list[str] | None = None) -> int:
             for name, cfg in configs:
                 drafter, nodes, feats = make(cfg, budget)   # fresh: nothing learnt from another run
                 row = {"config": name, "budget": budget, "concurrency": concurrency,
-                       **replay(drafter, nodes, records, features=feats, concurrency=concurrency),
+                       **replay(drafter, nodes, records, features=feats, concurrency=concurrency,
+                                ratings=cfg != "suffix"),
                        "treespec": None if cfg == "suffix" else cfg}
                 rows.append(row)
                 print(f"{name:34s} {budget:6d} {concurrency:4d} {row['tau']:6.2f} "
                       f"{row['tokens_per_step']:8.2f} {row['mean_nodes']:6.1f} "
                       f"{row['draft_ms_per_step']:8.3f}", flush=True)
+                if ns.ratings:
+                    for r in row["ratings"]:
+                        print(f"    rated {r['rating'][0]:.2f}-{r['rating'][1]:.2f}: {r['nodes']:6d} nodes, "
+                              f"{100 * r['accepted_share']:5.1f}% accepted")
     if ns.output is not None:
         from harness.report import git_commit, hardware_info, software_info
 

@@ -21,7 +21,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 SERIES = ("treespec_gain_decisions_total", "treespec_gain_cost_tokens", "treespec_gain_step_seconds",
-          "treespec_tree_nodes_sum", "treespec_tree_nodes_count", "treespec_accepted_depth_sum")
+          "treespec_tree_nodes_sum", "treespec_tree_nodes_count", "treespec_accepted_depth_sum",
+          "treespec_draft_seconds_sum", "treespec_draft_seconds_count",
+          "treespec_worker_step_seconds_sum", "treespec_worker_step_seconds_count")
 
 
 def parse_series(text: str) -> dict[str, float]:
@@ -66,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
                         concurrency=ns.concurrency, temperature=ns.temperature)
         after = parse_series(urllib.request.urlopen(server.base_url + "/metrics", timeout=10).read().decode())
     counters = {k: after[k] - before.get(k, 0.0) for k in after
-                if k.startswith(("treespec_gain_decisions_total", "treespec_tree_", "treespec_accepted_"))}
+                if k.startswith(("treespec_gain_decisions_total", "treespec_tree_", "treespec_accepted_",
+                                 "treespec_draft_seconds", "treespec_worker_step_seconds"))}
     gauges = {k: v for k, v in after.items() if k not in counters}
     record = {"benchmark": "served_gain", "hardware": hardware_info(), "software": software_info(),
               "settings": vars(ns) | {"output": str(ns.output) if ns.output else None},

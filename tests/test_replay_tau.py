@@ -51,3 +51,11 @@ def test_drafters_reading_target_states_replay_one_request_at_a_time():
 def test_the_suffix_replay_drafts_a_finished_output():
     row = replay_tau.replay(replay_tau.SuffixReplay(), 24, RECORDS, max_len=64, concurrency=1)
     assert row["accepted"] >= 3 * 20 and np.isfinite(row["tau"])
+
+
+def test_the_rating_table_counts_every_drafted_node_and_its_acceptance():
+    row = replay_tau.replay(_online_drafter(), 24, RECORDS, max_len=64, concurrency=1)
+    assert sum(r["nodes"] for r in row["ratings"]) == round(row["mean_nodes"] * row["steps"] * row["drafted_share"])
+    hits = sum(r["nodes"] * r["accepted_share"] for r in row["ratings"])
+    assert hits == pytest.approx(row["accepted"])          # no output is cut short by max_tokens here
+    assert all(0.0 <= r["accepted_share"] <= 1.0 for r in row["ratings"])
