@@ -15,6 +15,11 @@ pytestmark = pytest.mark.e2e
 K = 8
 ENGINE = dict(dtype="float32", enforce_eager=True, max_model_len=1024, max_num_seqs=8, seed=0)
 SPEC = dict(speculative_config=spec_config(K), additional_config={"treespec": "prompt-lookup"})
+# the default preset (budget.gain.confidence: greedy drafts cut by their calibrated ratings) with
+# branching trees, so rated trees that are not chains are cut and verified too
+CONFIDENCE = dict(speculative_config=spec_config(K),
+                  additional_config={"treespec": {"preset": "lookup-online",
+                                                  "tree": {"builder": "best_first", "max_depth": 8}}})
 PROMPTS = corpus.held_out_prompts(16, prompt_chars=400, seed=11)
 
 
@@ -36,10 +41,11 @@ def runs(tiny_model):
         "mixed": run_engine(tiny_model, {**ENGINE, **SPEC}, _phases(mixed), inspect_proposer=True),
         "opted_out": run_engine(tiny_model, {**ENGINE, **SPEC}, _phases([0]), inspect_proposer=True),
         "capped": run_engine(tiny_model, {**ENGINE, **SPEC}, _phases([2]), inspect_proposer=True),
+        "confidence": run_engine(tiny_model, {**ENGINE, **CONFIDENCE}, _phases(mixed), inspect_proposer=True),
     }
 
 
-@pytest.mark.parametrize("run", ["mixed", "opted_out", "capped"])
+@pytest.mark.parametrize("run", ["mixed", "opted_out", "capped", "confidence"])
 def test_greedy_outputs_equal_speculation_off(runs, run):
     assert_same_outputs(runs["off"], runs[run])
 
@@ -62,3 +68,15 @@ def test_mixed_steps_draft_for_the_requests_that_may(runs):
     stats = runs["mixed"]["proposer"][0]["stats"]
     assert stats["verified_trees"] > 0
     assert runs["mixed"]["metrics"]["vllm:spec_decode_num_drafts"] > 0
+
+
+def test_confidence_mode_decides_greedy_requests_on_their_drafts(runs):
+    """budget.gain.confidence (the default preset): greedy requests are decided on their rated
+    drafts (`draft` / `declined`), never by the history rule's stopped state and probes; the
+    second phase serves the first phase's prompts again, so the recent outputs give confident
+    drafts that are verified (and the equality test above covers them)."""
+    state = runs["confidence"]["proposer"][0]
+    decisions = state["stats"]["gain_decisions"]
+    assert decisions.get("draft", 0) > 0 and state["stats"]["verified_trees"] > 0
+    assert decisions.get("stopped", 0) == 0 and decisions.get("probe", 0) == 0, decisions
+    assert not any(state["tables"].values())            # every request's state was freed

@@ -5,14 +5,14 @@ Why: a request's history says little about its next step when acceptance comes i
 model-free drafter matching a request against earlier answers is right for 20 tokens while the
 request repeats one and wrong as soon as it stops; gain control by history alone (budget/gain.py)
 stops such a request after a miss and waits for a probe, and served at 8 greedy clients it drafted
-in 44% of its decisions where the drafter had a draft in 95% of steps
+in 43% of its decisions where the drafter had a draft in 95% of steps
 (docs/never-slower.md, "Drafts priced by their own confidence"). The drafter already rates each
 node: `DraftTree.logprob` is its log-probability of the node's token given its path, so the path
 probability of node i is the product along its path. That rating ranks well but is not a
-probability of acceptance (replayed on unseen code, nodes rated 0.95 and above were accepted 80%
-of the time, nodes rated 0.1-0.2 10%), so it is calibrated online: per sampling class (greedy, or
-the temperature to one decimal) and path-probability bin, the decayed counts of verified nodes
-and of those accepted. A node's worth is its bin's acceptance rate, made non-decreasing in the
+probability of acceptance (replayed on unseen code, nodes rated 0.95 and above were accepted 79%
+of the time, nodes rated 0.1-0.15 9%), so it is calibrated online: per class (the engine rates
+greedy requests only) and path-probability bin, the decayed counts of verified nodes and of
+those accepted. A node's worth is its bin's acceptance rate, made non-decreasing in the
 rating (a node rated higher is never worth less: adjacent bins that break the order are pooled,
 weighted by how much each has seen), and a tree is kept up to the first node worth
 less than a verified row costs (`keep_prefixes`).
@@ -31,7 +31,7 @@ from vllm_treespec.tree import DraftTree
 
 __all__ = ["DraftCalibration", "GREEDY_CLASS", "batch_path_probs", "keep_prefixes", "path_probs"]
 
-GREEDY_CLASS = "greedy"       # the calibration class of greedy requests (sampled: budget.gain's class)
+GREEDY_CLASS = "greedy"       # the calibration class of greedy requests
 
 
 def path_probs(tree: DraftTree) -> np.ndarray:
