@@ -150,3 +150,25 @@ def test_reach_many_is_each_records_reach():
     gain.reach.observe([records[2].acceptance], [4], [2])
     many = gain.reach.reach_many([r.acceptance for r in records])
     assert np.allclose(many, np.stack([gain.reach.reach(r.acceptance) for r in records]))
+
+
+def _path_probs_reference(tree: DraftTree) -> np.ndarray:
+    """Plain loop: a node's path log-probability is its parent's plus its own."""
+    path = [0.0] * tree.num_nodes
+    for i in range(1, tree.num_nodes):
+        path[i] = path[int(tree.parents[i])] + float(tree.logprob[i])
+    return np.exp(path[1:])
+
+
+def test_batch_path_probs_match_a_plain_loop_on_random_trees():
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        trees = []
+        for _ in range(int(rng.integers(1, 6))):
+            n = int(rng.integers(0, 12))
+            chain = rng.random() < 0.5
+            parents = [-1] + [i - 1 if chain else int(rng.integers(0, i)) for i in range(1, n + 1)]
+            trees.append(DraftTree(list(range(n + 1)), parents, logprob=np.log(rng.uniform(0.2, 1.0, n + 1))))
+        probs, offsets = batch_path_probs(trees)
+        for t, tree in enumerate(trees):
+            assert np.allclose(probs[offsets[t]:offsets[t + 1]], _path_probs_reference(tree))

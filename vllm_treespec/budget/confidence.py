@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from vllm_treespec.tree import DraftTree
+from vllm_treespec.tree.ancestors import local_index
 
 __all__ = ["DraftCalibration", "GREEDY_CLASS", "batch_path_probs", "keep_prefixes", "path_probs"]
 
@@ -37,31 +38,33 @@ GREEDY_CLASS = "greedy"       # the calibration class of greedy requests
 def path_probs(tree: DraftTree) -> np.ndarray:
     """float64 [num_draft]: each draft node's path probability, the product of the drafter's
     probabilities along its path from the root (nodes in the tree's order)."""
-    lp = np.asarray(tree.logprob, dtype=np.float64)
-    n = tree.num_draft
-    if n == 0:
-        return np.zeros(0)
-    if tree.is_chain:                                     # one cumulative sum
-        return np.exp(np.cumsum(lp[1:]))
-    parents = np.asarray(tree.parents)
-    path = np.zeros(n + 1)
-    for i in range(1, n + 1):                             # topological order: parents[i] < i
-        path[i] = path[parents[i]] + lp[i]
-    return np.exp(path[1:])
+    return batch_path_probs([tree])[0]
 
 
 def batch_path_probs(trees: list[DraftTree]) -> tuple[np.ndarray, np.ndarray]:
     """(float64 [total draft nodes] path probabilities of every tree's draft nodes, int64 [T+1]
-    offsets of each tree's nodes in it): one pass for chains, `path_probs` per branching tree."""
+    offsets of each tree's nodes in it), for the whole step at once: one segmented cumulative sum
+    when every tree is a chain, else one vectorised pass per tree level."""
     sizes = np.fromiter((t.num_draft for t in trees), dtype=np.int64, count=len(trees))
     offsets = np.zeros(len(trees) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
-    if all(t.is_chain for t in trees):
-        lp = np.concatenate([np.asarray(t.logprob[1:], dtype=np.float64) for t in trees]) if trees else np.zeros(0)
+    if not offsets[-1]:
+        return np.zeros(0), offsets
+    lp = np.concatenate([np.asarray(t.logprob[1:], dtype=np.float64) for t in trees])
+    parents = np.concatenate([np.asarray(t.parents[1:], dtype=np.int64) for t in trees])  # local, 0 = root
+    local = local_index(sizes)
+    starts = np.repeat(offsets[:-1], sizes)
+    if np.array_equal(parents, local):           # chains: each node's parent is the node before it
         total = np.cumsum(lp)
-        before = np.concatenate([[0.0], total])[offsets[:-1]]        # the running sum before each tree
-        return np.exp(total - np.repeat(before, sizes)), offsets
-    return (np.concatenate([path_probs(t) for t in trees]) if trees else np.zeros(0)), offsets
+        before = np.concatenate([[0.0], total])[starts]
+        return np.exp(total - before), offsets
+    depth = np.concatenate([np.asarray(t.depth[1:], dtype=np.int64) for t in trees])
+    path = np.zeros(lp.size + 1)                 # the last entry stays 0: every root's path
+    parent = np.where(parents > 0, starts + parents - 1, lp.size)
+    for d in range(1, int(depth.max()) + 1):     # parents are one level up, already summed
+        at = depth == d
+        path[:-1][at] = path[parent[at]] + lp[at]
+    return np.exp(path[:-1]), offsets
 
 
 def keep_prefixes(worth: np.ndarray, offsets: np.ndarray, row_cost: float) -> tuple[np.ndarray, np.ndarray]:
@@ -72,8 +75,7 @@ def keep_prefixes(worth: np.ndarray, offsets: np.ndarray, row_cost: float) -> tu
     if worth.size == 0:
         return np.zeros(sizes.size, dtype=np.int64), np.zeros(sizes.size)
     starts = offsets[:-1]
-    local = np.arange(worth.size) - np.repeat(starts, sizes)
-    first_below = np.where(worth < row_cost, local, np.repeat(sizes, sizes))
+    first_below = np.where(worth < row_cost, local_index(sizes), np.repeat(sizes, sizes))
     nonempty = sizes > 0
     kept = np.zeros(sizes.size, dtype=np.int64)
     kept[nonempty] = np.minimum.reduceat(first_below, starts[nonempty])

@@ -286,11 +286,6 @@ class DraftTree:
         return tuple(int(self.tokens[j]) for j in self.path_to(i)[1:])
 
     # ------------------------------------------------------------------ cutting
-    @property
-    def is_chain(self) -> bool:
-        """Every draft node's parent is the node before it (one path)."""
-        return bool(np.array_equal(self.parents[1:], np.arange(self.num_draft)))
-
     def prefix(self, n: int) -> "DraftTree":
         """The tree cut to the root plus its first n draft nodes (vLLM may cut drafts).
 
