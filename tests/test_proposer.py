@@ -248,7 +248,7 @@ def test_confidence_mode_keeps_what_the_rated_nodes_pay_for_and_learns_from_veri
     runner.requests = {r: SimpleNamespace(sampling_params=SamplingParams(temperature=0.0), output_token_ids=[1])
                        for r in ids}
     assert p.propose_step(runner, _sched(), [[3]] * 2) == [[9, 1, 2, 3]] * 2
-    assert p.requests["a"].rated[0] == "greedy"
+    assert p.requests["a"].rated.shape == (4,) and p.requests["a"].rated[0] > 0
     step = p.plan_step(ids, np.array([5] * 2), {r: [9, 1, 2, 3] for r in ids}, np.array([0, 5, 10]),
                        np.array([7] * 2))
     accepted_nodes = np.array([[1, 2, -1, -1], [-1, -1, -1, -1]])
@@ -263,6 +263,34 @@ def test_confidence_mode_keeps_what_the_rated_nodes_pay_for_and_learns_from_veri
     p.budget.gain.measured_costs = lambda: GainCosts(row=0.2, request=0.0, greedy_request=0.0)
     drafts = p.propose_step(runner, _sched(), [[3]] * 2)
     assert all(0 < len(d) <= 4 for d in drafts) and drafts[0] == [9, 1, 2, 3][:len(drafts[0])]
+
+
+def test_confidence_mode_rates_the_greedy_trees_of_a_drafter_that_samples(tmp_path):
+    """A draft model with draft_sampling: sample draws only sampled requests' trees from its q;
+    greedy requests get its top-k trees, which confidence mode rates and cuts like any other."""
+    from vllm import SamplingParams
+    from treespec_fixtures.qwen3 import Qwen3Shape, new_model
+
+    from vllm_treespec.engine.proposer import TreeProposer
+
+    shape = Qwen3Shape(vocab_size=61, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                       head_dim=16, intermediate_size=32, max_position_embeddings=128)
+    new_model(shape, eos_token_id=0, seed=5, init_std=0.3).save_pretrained(str(tmp_path), safe_serialization=True)
+    cfg = _vllm_config(k=4, treespec={
+        "drafter": {"type": "draft_model", "path": str(tmp_path), "draft_sampling": "sample"},
+        "tree": {"builder": "chain"}, "budget": {"gain": {"enabled": True, "confidence": True}}})
+    cfg.model_config.get_vocab_size = lambda: 61
+    cfg.model_config.skip_tokenizer_init = False
+    p = TreeProposer(cfg)
+    assert p.drafter.capabilities.samples_drafts
+    ids = ["greedy", "sampled"]
+    runner = _runner([[1, 2, 3, 9, 1, 2, 3]] * 2, ids)
+    runner.requests = {r: SimpleNamespace(sampling_params=SamplingParams(temperature=t), output_token_ids=[1])
+                       for r, t in zip(ids, (0.0, 0.8))}
+    drafts = p.propose_step(runner, _sched(), [[3]] * 2)
+    assert len(drafts[0]) == 4 and len(drafts[1]) == 4          # rows are free before any cost is measured
+    assert p.requests["greedy"].rated.shape == (4,) and p.requests["greedy"].draft_probs is None
+    assert p.requests["sampled"].rated is None and p.requests["sampled"].draft_probs is not None
 
 
 def test_confidence_mode_leaves_sampled_requests_on_their_own_history():

@@ -482,7 +482,7 @@ class GainConfig:
         "nodes' calibrated acceptance pays for their rows; calibration maps the drafter's own "
         "path probability to measured acceptance (budget/confidence.py). Off, and for sampled "
         "requests: drafting is decided from each request's past acceptance, with probes. "
-        "Drafters that draw drafts from their q (draft models that sample) cannot use it."))
+        "Any drafter: greedy trees are never drawn from a drafter's q."))
     calibrate_every: int = spec(32, ge=0, le=100000, doc=(
         "Every this many steps no unseeded request drafts (0 = never): the step cost model "
         "needs steps of different sizes to tell the cost of a verified row from the cost of the "

@@ -54,8 +54,8 @@ class BudgetControl:
             fixed_request_cost=gain.fixed_request_cost, margin=gain.margin,
             calibrate_every=gain.calibrate_every) if gain.enabled else None
         # budget.gain.confidence: greedy requests draft first and keep what their drafter's
-        # calibrated ratings say pays (budget/confidence.py); the proposer refuses it for
-        # drafters whose drafts carry q rows (their nodes are not theirs to cut)
+        # calibrated ratings say pays (budget/confidence.py). Any drafter: greedy trees are never
+        # drawn from a drafter's q (only sampled requests' are), so no q rows are cut with them
         self.calibration = DraftCalibration() if gain.enabled and gain.confidence else None
         # a step's gain decisions between `caps` and `rate_drafts` when some wait for their drafts:
         # (decided per request index, this step's costs, the request indices that wait)
@@ -169,7 +169,7 @@ class BudgetControl:
                 if n < tree.num_draft:
                     proposal.trees[i] = tree.prefix(n)
                 if n:
-                    st.rated = (GREEDY_CLASS, probs[start:start + n])
+                    st.rated = probs[start:start + n]
         self._settle(caps, decided, costs, rated, proposal, requests, req_ids)
 
     def _settle(self, caps: list[int], decided: dict[int, GainDecision | None], costs: GainCosts,
@@ -238,14 +238,13 @@ class BudgetControl:
             st = requests.get(req_id)
             if st is None or st.rated is None:
                 continue
-            cls, probs = st.rated
-            st.rated = None
+            probs, st.rated = st.rated, None
             n = min(int(sizes[t]), probs.size)
             accepted = np.zeros(n, dtype=bool)
             nodes = accepted_nodes[t]
             nodes = nodes[(nodes >= 1) & (nodes <= n)]
             accepted[nodes - 1] = True
-            self.calibration.observe(cls, probs[:n], accepted)
+            self.calibration.observe(GREEDY_CLASS, probs[:n], accepted)
 
     def reach_means(self, requests: RequestTable) -> dict[str, float]:
         """Mean reach cap of the live requests of each sampling class (for stats and /metrics)."""

@@ -66,12 +66,6 @@ class TreeProposer:
         self.drafter = make_drafter(self.config.drafter, tokenizer, self.config.tree,
                                     max_model_len=int(model.max_model_len), max_nodes=self.node_budget,
                                     vocab_limit=model.get_vocab_size())
-        if self.budget.calibration is not None and self.drafter.capabilities.samples_drafts:
-            from vllm_treespec.config import ConfigError
-
-            raise ConfigError(f"budget.gain.confidence: drafter {self.config.drafter.type!r} draws its drafts "
-                              "from its own q, and such trees cannot be cut to the nodes that pay; set "
-                              "budget.gain.confidence: false in the treespec config")
         self.requests = RequestTable()
         self.committed = CommittedRows()      # what the last step committed (target-state drafters)
         self.sampler = TreeStepSampler(coin_rows=k + 1)

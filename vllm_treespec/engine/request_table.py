@@ -51,8 +51,8 @@ class RequestState:
     # its state in the budget rules (engine/budget_control.py), made on first use
     reach: ReachRecord | None = None    # budget.reach_floor: its acceptance counts by depth and cap
     gain: GainRecord | None = None      # budget.gain: its acceptance, probe schedule and class
-    rated: tuple[str, Any] | None = None   # budget.gain.confidence: (class, path probabilities of
-                                            # its kept nodes) until its drafts are verified
+    rated: Any = None                   # budget.gain.confidence: float [n] path probabilities of its
+                                        # kept nodes (greedy requests only) until they are verified
 
     def read_options(self, params: Any) -> None:
         """The request's fixed options: what keeps it from drafting, its own node cap
