@@ -44,7 +44,8 @@ be served prompts it has already answered in greedy cells, and vLLM's prefix cac
 repeated prefills for every config.
 
 Per cell the record also keeps tau / acceptance (spec-decode counters on /metrics, scraped before
-and after the cell), and in greedy cells output equality with `off` (token ids). Every greedy
+and after the cell) with `tau_bound`, the most the cell's output allows (vLLM also counts drafts
+accepted past max_tokens, see `tau_bound`), and in greedy cells output equality with `off` (token ids). Every greedy
 mismatch is explained: at the first differing token the `off` server is asked (the prompt's
 token ids + the common prefix as a token-id prompt, so no retokenization; max_tokens 1) for its
 top-2 logprobs and the logprobs of both diverging tokens; a bf16 near-tie shows as a small gap.
@@ -261,6 +262,16 @@ def pooled_tau(windows: Sequence[tuple[float, float]]) -> float | None:
     """tau over several (drafts, accepted) windows: 1 + sum accepted / sum drafts."""
     drafts = sum(d for d, _ in windows)
     return 1.0 + sum(a for _, a in windows) / drafts if drafts > 0 else None
+
+
+def tau_bound(windows: Sequence[tuple[float, float]]) -> float | None:
+    """The highest tau the output allows over several (drafts, output tokens) windows: every
+    drafted step returns at least its bonus token, so tau <= output tokens / drafts. vLLM counts
+    drafts accepted past a request's max_tokens (its scheduler takes accepted counts before the
+    stop check cuts them), so a method that drafts past the end (`suffix`) can report a tau above
+    this bound; treespec caps its drafts at the request's output room."""
+    drafts = sum(d for d, _ in windows)
+    return sum(t for _, t in windows) / drafts if drafts > 0 else None
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -533,6 +544,7 @@ def main(argv: list[str] | None = None) -> int:
                                            for t in _turns(e, b)])
             s["tau"] = pooled_tau([(e["drafts"], e["accepted_tokens"]) for e in rows if e["drafts"] is not None])
             s["tau_rounds"] = [e["tau"] for e in rows]
+            s["tau_bound"] = tau_bound([(e["drafts"], e["output_tokens"]) for e in rows if e["drafts"] is not None])
             s["acceptance_rate_rounds"] = [e["acceptance_rate"] for e in rows]
             if reg.greedy and lb != BASELINE:
                 s["equal"] = [sum(e["equal"][0] for e in rows), sum(e["equal"][1] for e in rows)]

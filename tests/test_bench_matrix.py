@@ -137,6 +137,13 @@ def test_summarize_cell_ratios_and_median_round():
     assert bm.summarize_cell([{"off": (10, 0.0), "a": (10, 1.0)}])["a"]["ratio"] is None
 
 
+def test_tau_bound_is_output_tokens_per_drafted_step():
+    """A cell whose requests drafted 40 times while returning 200 tokens cannot have had more than
+    5 tokens per drafted step, whatever vLLM's accepted counter says."""
+    assert bm.tau_bound([(10, 80), (30, 120)]) == pytest.approx(200 / 40)
+    assert bm.tau_bound([]) is None and bm.tau_bound([(0, 50)]) is None
+
+
 def test_pooled_tau():
     assert bm.pooled_tau([(10, 5), (30, 35)]) == pytest.approx(1 + 40 / 40)
     assert bm.pooled_tau([]) is None and bm.pooled_tau([(0, 0)]) is None
