@@ -53,13 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     gain = proposer.budget.gain
     if gain is None:
         raise SystemExit(f"preset {ns.preset!r} has budget.gain off: nothing to probe")
-    base, row, overhead = gain.cost.coefficients()
+    fit = gain.cost.coefficients()
     stats = proposer.stats.summary()
     record = {
         "benchmark": "probe_gain", "hardware": hardware_info(), "software": software_info(),
         "settings": vars(ns) | {"output": str(ns.output) if ns.output else None},
         "tokens_per_s": tokens / seconds,
-        "step_cost_ms": {"base": 1e3 * base, "per_row": 1e3 * row, "speculative_overhead": 1e3 * overhead},
+        "step_cost_ms": {"base": 1e3 * fit.base, "per_request": 1e3 * fit.request, "per_row": 1e3 * fit.row,
+                         "speculative_overhead": 1e3 * fit.speculative},
         "rate_tokens_per_s": gain.cost.tokens_per_second(),
         "measured_costs_tokens": gain.measured_costs()._asdict(),
         "drafter_ms_per_drafting_request": 1e3 * gain._drafter_seconds,

@@ -11,22 +11,44 @@ from vllm_treespec.budget.gain import GainControl, GainCosts, GainRecord, StepCo
 from vllm_treespec.config import ConfigError, load_config
 
 
-def _feed(cost: StepCost, steps: list[tuple[float, int, bool, int, float]], repeat: int = 50) -> None:
+def _feed(cost: StepCost, steps: list[tuple[float, int, int, int, float]], repeat: int = 50) -> None:
+    """steps: (seconds, decoding requests, verified draft rows, emitted tokens, measured overhead)."""
     for _ in range(repeat):
-        for seconds, rows, spec, emitted, overhead in steps:
-            cost.observe(seconds, rows, spec, emitted, overhead)
+        for seconds, requests, draft_rows, emitted, overhead in steps:
+            cost.observe(seconds, requests, draft_rows, emitted, overhead)
 
 
-def test_step_cost_recovers_base_row_and_overhead():
+# (decoding requests, verified draft rows) of the steps below: plain steps at several batch sizes,
+# speculative steps with trees of several sizes
+_SHAPES = [(1, 0), (1, 3), (1, 8), (4, 16), (2, 0), (8, 32), (8, 0), (4, 0), (8, 5)]
+
+
+def test_step_cost_recovers_base_request_row_and_overhead():
     cost = StepCost(forget=0.01)
-    # truth: 1.0 ms + 0.07 ms per row, + 0.8 ms measured overhead per speculative step
-    steps = [(1e-3 + 7e-5 * r + (8e-4 if spec else 0.0), r, spec, 1, 8e-4 if spec else 0.0)
-             for r, spec in [(1, False), (4, True), (9, True), (17, True), (2, False), (33, True)]]
+    # truth: 1.0 ms + 0.2 ms per request + 0.07 ms per draft row, + 0.8 ms measured overhead
+    steps = [(1e-3 + 2e-4 * q + 7e-5 * d + (8e-4 if d else 0.0), q, d, q, 8e-4 if d else 0.0)
+             for q, d in _SHAPES]
     _feed(cost, steps)
-    base, row, overhead = cost.coefficients()
-    assert row == pytest.approx(7e-5, rel=0.05)
-    assert overhead == pytest.approx(8e-4, rel=0.01)
-    assert base == pytest.approx(1e-3, rel=0.1)
+    fit = cost.coefficients()
+    assert fit.row == pytest.approx(7e-5, rel=0.05)
+    assert fit.request == pytest.approx(2e-4, rel=0.05)
+    assert fit.speculative == pytest.approx(8e-4, rel=0.01)
+    assert fit.base == pytest.approx(1e-3, rel=0.1)
+
+
+def test_a_draft_row_is_priced_apart_from_a_request():
+    """Served, a request costs its step the engine's per-request work besides its row; a draft
+    row adds its row alone. One slope for both, fitted mostly on plain steps of varying batch,
+    priced a draft row near the whole per-request cost (docs/never-slower.md section 4)."""
+    gain = GainControl(16)
+    for _ in range(100):
+        for q in (8, 16, 24, 32):
+            gain.observe_step(2e-3 + 5e-4 * q, q, 0, q)                       # plain steps
+            for d in (q // 2, 2 * q):
+                gain.observe_step(2e-3 + 5e-4 * q + 1.5e-4 * d, q, d, 3 * q, drafting=q)
+    fit = gain.cost.coefficients()
+    assert fit.request == pytest.approx(5e-4, rel=0.05) and fit.row == pytest.approx(1.5e-4, rel=0.1)
+    assert gain.measured_costs().row == pytest.approx(1.5e-4 * gain.cost.tokens_per_second(), rel=0.1)
 
 
 def test_unmeasured_speculative_cost_is_fitted_apart_from_rows():
@@ -34,22 +56,23 @@ def test_unmeasured_speculative_cost_is_fitted_apart_from_rows():
     core's handling of drafts): trees of different sizes and steps without drafts tell it
     from the cost of a row."""
     cost = StepCost(forget=0.01)
-    steps = [(1e-3 + 7e-5 * r + (8e-4 + 6e-4 if spec else 0.0), r, spec, 1, 8e-4 if spec else 0.0)
-             for r, spec in [(1, False), (4, True), (9, True), (17, True), (1, False), (33, True)]]
+    steps = [(1e-3 + 2e-4 * q + 7e-5 * d + (8e-4 + 6e-4 if d else 0.0), q, d, q, 8e-4 if d else 0.0)
+             for q, d in _SHAPES]
     _feed(cost, steps)
-    base, row, overhead = cost.coefficients()
-    assert row == pytest.approx(7e-5, rel=0.05)
-    assert overhead == pytest.approx(8e-4 + 6e-4, rel=0.05)
-    assert base == pytest.approx(1e-3, rel=0.1)
+    fit = cost.coefficients()
+    assert fit.row == pytest.approx(7e-5, rel=0.05)
+    assert fit.speculative == pytest.approx(8e-4 + 6e-4, rel=0.05)
+    assert fit.base == pytest.approx(1e-3, rel=0.1)
 
 
 def test_overhead_is_known_when_every_step_drafts():
     """A fit cannot split base and overhead without plain steps; the measured overhead can."""
     cost = StepCost()
-    _feed(cost, [(3e-3, 9, True, 3, 1.5e-3), (3.4e-3, 13, True, 4, 1.5e-3)], repeat=20)
-    base, row, overhead = cost.coefficients()
-    assert overhead == pytest.approx(1.5e-3)
-    assert row == pytest.approx(1e-4, rel=0.05) and base == pytest.approx(6e-4, rel=0.1)
+    _feed(cost, [(3e-3, 1, 8, 3, 1.5e-3), (3.4e-3, 1, 12, 4, 1.5e-3)], repeat=20)
+    fit = cost.coefficients()
+    assert fit.speculative == pytest.approx(1.5e-3)
+    assert fit.row == pytest.approx(1e-4, rel=0.05)
+    assert fit.base + fit.request == pytest.approx(7e-4, rel=0.1)     # one request: not told apart
     assert cost.tokens_per_second() == pytest.approx(7 / 6.4e-3, rel=0.01)
 
 
@@ -187,9 +210,9 @@ def test_measured_costs_scale_with_the_rate():
     gain = GainControl(8)
     assert gain.measured_costs() == (0.0, 0.0, 0.0)      # nothing measured: draft, then learn
     for _ in range(200):
-        gain.observe_step(1e-3, 1, False, 1)
+        gain.observe_step(1e-3, 1, 0, 1)
         for rows in (5, 9):
-            gain.observe_step(1.5e-3 + 1e-4 * (rows - 1), rows, True, 4, drafting=1,
+            gain.observe_step(1.5e-3 + 1e-4 * (rows - 1), 1, rows - 1, 4, drafting=1,
                               drafter_seconds=1e-4, overhead_seconds=5e-4)
     row, request, greedy_request = gain.measured_costs()
     rate = gain.cost.tokens_per_second()
@@ -325,8 +348,8 @@ def _costed(overhead_s: float, drafting: int) -> GainControl:
     one token per request), learnt from steps in which `drafting` requests drafted."""
     gain = GainControl(16)
     for _ in range(200):
-        gain.observe_step(1e-3, 8, False, 8)
-        gain.observe_step(1e-3 + overhead_s, 16, True, 16, drafting=drafting, overhead_seconds=overhead_s)
+        gain.observe_step(1e-3, 8, 0, 8)
+        gain.observe_step(1e-3 + overhead_s, 8, 8, 16, drafting=drafting, overhead_seconds=overhead_s)
     return gain
 
 

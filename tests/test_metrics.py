@@ -31,7 +31,7 @@ def _fed_registry(model: str = "code-lm") -> CollectorRegistry:
     stats.observe_reach({"greedy": 8.0, "sampled": 3.5})
     stats.observe_fallback("logprobs")
     stats.observe_gain({"draft": 1, "probe": 0, "stopped": 3, "calibration": 0}, (0.05, 0.6),
-                       (0.003, 1e-4, 8e-4))
+                       (0.003, 4e-4, 1e-4, 8e-4))
     return registry
 
 
@@ -62,6 +62,7 @@ def test_labelled_series_keep_their_own_labels():
     assert registry.get_sample_value("treespec_gain_cost_tokens", {MODEL_LABEL: "m", "part": "request"}) == 0.6
     assert registry.get_sample_value("treespec_gain_step_seconds",
                                      {MODEL_LABEL: "m", "part": "speculative"}) == 8e-4
+    assert registry.get_sample_value("treespec_gain_step_seconds", {MODEL_LABEL: "m", "part": "request"}) == 4e-4
 
 
 def test_every_series_is_documented():

@@ -27,8 +27,9 @@ so fewer drafted, and served at 8 greedy clients 80% of decisions were `stopped`
 on this CPU drafting them more has measured as losing, and whether the joint rule alone would
 lose for them is not measured.
 where row_seconds, the speculative step's overhead and tokens_per_second are measured online from
-decode steps (`StepCost`: step seconds = base + row_seconds * rows, fitted by exponentially
-weighted least squares, plus the overhead the engine times in every speculative step). As the
+decode steps (`StepCost`: step seconds = base + request_seconds * requests + row_seconds *
+draft_rows, fitted by exponentially weighted least squares, plus the overhead the engine times in
+every speculative step). As the
 batch grows the rate grows and so does the row cost, so trees shrink with load; on hardware where
 rows are nearly free they grow.
 
@@ -64,7 +65,7 @@ from vllm_treespec.budget.confidence import keep_prefixes
 from vllm_treespec.budget.reach import SAMPLED, ReachCap, ReachRecord, observe_depths
 
 __all__ = ["ClassAcceptance", "GAIN_DECISIONS", "GainControl", "GainCosts", "GainDecision", "GainRecord",
-           "StepCost", "decision_kind", "gain_class"]
+           "StepCoefficients", "StepCost", "decision_kind", "gain_class"]
 
 
 def gain_class(temperature: float | None) -> str | None:
@@ -80,16 +81,29 @@ def gain_class(temperature: float | None) -> str | None:
     return f"T{float(temperature):.1f}"
 
 
+class StepCoefficients(NamedTuple):
+    """StepCost's fit of a decode step, in seconds (each >= 0)."""
+    base: float          # per step
+    request: float       # per decoding request (its own row, sampling, the engine's per-request work)
+    row: float           # per verified draft row
+    speculative: float   # per speculative step: the measured overhead plus the fitted rest
+
+
 class StepCost:
     """The cost side of a decode step, learnt online (weight `forget` per new step):
 
     - the step's seconds, less the overhead the engine measured in it, as
-      base + row_seconds * rows + extra * [speculative], fitted by exponentially weighted least
-      squares over decode steps. `extra` is what a speculative step costs beyond the measured
-      overhead and its rows (served: the engine core's handling of drafts, scheduling without
-      overlap); it is told apart from the rows by trees of different sizes and from the base by
-      steps without drafts (budget.gain's calibration steps). Ridge terms of `prior_weight`
-      pseudo-steps hold row_seconds at 3% of the mean step and `extra` at 0 until the data say
+      base + request_seconds * requests + row_seconds * draft_rows + extra * [speculative],
+      fitted by exponentially weighted least squares over decode steps. A request's own row and
+      a verified draft row are priced apart: served, each request also costs its step the
+      engine's per-request work (scheduling, output handling, sampling), which a draft row does
+      not add, and when the two were one slope (fitted mostly on plain steps of varying batch)
+      it priced a draft row at 32 greedy clients near the whole per-request cost, so most
+      drafts were cut (docs/never-slower.md section 4). `extra` is what a speculative step costs
+      beyond the measured overhead and its rows (served: the engine core's handling of drafts);
+      it is told apart from the rows by trees of different sizes and from the base by steps
+      without drafts (budget.gain's calibration steps). Ridge terms of `prior_weight`
+      pseudo-steps hold each slope at 3% of the mean step and `extra` at 0 until the data say
       otherwise;
     - the measured overhead (spec-decode planning, tree acceptance, tree attention; timed by the
       engine in every speculative step, not fitted);
@@ -100,30 +114,34 @@ class StepCost:
         if not 0.0 < forget < 1.0 or prior_weight <= 0:
             raise ValueError("need 0 < forget < 1 and prior_weight > 0")
         self.forget, self.prior_weight = float(forget), float(prior_weight)
-        self._xtx = np.zeros((3, 3))
-        self._xty = np.zeros(3)
+        self._xtx = np.zeros((4, 4))
+        self._xty = np.zeros(4)
         self._seconds = 0.0          # decayed sums: mean step (the prior's scale), rate
-        self._rows = 0.0
+        self._requests = 0.0
+        self._draft_rows = 0.0
         self._weight = 0.0
         self._tokens = 0.0
         self._overhead = 0.0         # decayed sum of measured overhead seconds, and its weight
         self._overhead_weight = 0.0
         self.steps = 0
-        self._fit: np.ndarray | None = None
+        self._fit: StepCoefficients | None = None
 
-    def observe(self, seconds: float, rows: int, speculative: bool, emitted: int,
+    def observe(self, seconds: float, requests: int, draft_rows: int, emitted: int,
                 overhead_seconds: float = 0.0) -> None:
-        """One decode step (no prompt tokens): its seconds, query rows, whether it verified
-        drafts, the tokens it emitted and (speculative steps) its measured overhead seconds."""
-        if not seconds > 0 or rows < 1:
+        """One decode step (no prompt tokens): its seconds, decoding requests, verified draft
+        rows (> 0: a speculative step), the tokens it emitted and (speculative steps) its
+        measured overhead seconds."""
+        if not seconds > 0 or requests < 1 or draft_rows < 0:
             return
         keep = 1.0 - self.forget
+        speculative = draft_rows > 0
         overhead = min(max(float(overhead_seconds), 0.0), seconds) if speculative else 0.0
-        x = np.array([1.0, float(rows), 1.0 if speculative else 0.0])
+        x = np.array([1.0, float(requests), float(draft_rows), 1.0 if speculative else 0.0])
         self._xtx = self._xtx * keep + np.outer(x, x)
         self._xty = self._xty * keep + x * (seconds - overhead)
         self._seconds = self._seconds * keep + seconds
-        self._rows = self._rows * keep + rows
+        self._requests = self._requests * keep + requests
+        self._draft_rows = self._draft_rows * keep + draft_rows
         self._tokens = self._tokens * keep + emitted
         self._weight = self._weight * keep + 1.0
         if speculative:
@@ -140,21 +158,21 @@ class StepCost:
         """Tokens the recent decode steps emitted per second of step time."""
         return self._tokens / self._seconds if self._seconds > 0 else 0.0
 
-    def coefficients(self) -> tuple[float, float, float]:
-        """(base seconds, seconds per verified row, speculative-step overhead seconds: the
-        measured one plus the fitted extra), each >= 0."""
+    def coefficients(self) -> StepCoefficients:
+        """The fit (all 0 before the first step)."""
         if self._fit is None:
             if not self.ready:
-                return 0.0, 0.0, 0.0
+                return StepCoefficients(0.0, 0.0, 0.0, 0.0)
             mean_step = self._seconds / self._weight
-            mean_rows = max(self._rows / self._weight, 1.0)
-            prior = np.array([0.0, 0.03 * mean_step, 0.0])
-            scale = self.prior_weight * np.array([1e-6, mean_rows ** 2, 1.0])
+            mean_requests = max(self._requests / self._weight, 1.0)
+            mean_draft_rows = max(self._draft_rows / self._weight, 1.0)
+            prior = np.array([0.0, 0.03 * mean_step, 0.03 * mean_step, 0.0])
+            scale = self.prior_weight * np.array([1e-6, mean_requests ** 2, mean_draft_rows ** 2, 1.0])
             fit = np.linalg.solve(self._xtx + np.diag(scale), self._xty + scale * prior)
             overhead = self._overhead / self._overhead_weight if self._overhead_weight else 0.0
-            self._fit = np.array([max(fit[0], 0.0), max(fit[1], 0.0), overhead + max(fit[2], 0.0)])
-        base, row, overhead = self._fit.tolist()
-        return base, row, overhead
+            self._fit = StepCoefficients(max(fit[0], 0.0), max(fit[1], 0.0), max(fit[2], 0.0),
+                                         overhead + max(fit[3], 0.0))
+        return self._fit
 
 
 class ClassAcceptance:
@@ -276,7 +294,8 @@ class GainControl:
         if not self.cost.ready:
             return GainCosts(0.0, 0.0, 0.0)
         rate = self.cost.tokens_per_second()
-        _, row, overhead = self.cost.coefficients()
+        fit = self.cost.coefficients()
+        row, overhead = fit.row, fit.speculative
         drafter = self._drafter_seconds * rate
         return GainCosts(row * rate, overhead / max(self._drafting, 1) * rate + drafter, drafter)
 
@@ -284,7 +303,7 @@ class GainControl:
         """Tokens a speculative step's overhead costs the batch, whoever drafts in it."""
         if not self.cost.ready:
             return 0.0
-        return self.cost.coefficients()[2] * self.cost.tokens_per_second()
+        return self.cost.coefficients().speculative * self.cost.tokens_per_second()
 
     # -- decisions ---------------------------------------------------------------------------
     def new_record(self) -> GainRecord:
@@ -425,12 +444,12 @@ class GainControl:
                 interval = record.interval if record.interval is not None else self.probe_every
                 record.interval = self.probe_every if acc >= depth else min(2 * interval, self.max_probe_every)
 
-    def observe_step(self, seconds: float, rows: int, speculative: bool, emitted: int,
+    def observe_step(self, seconds: float, requests: int, draft_rows: int, emitted: int,
                      drafting: int = 0, drafter_seconds: float = 0.0,
                      overhead_seconds: float = 0.0) -> None:
         """One decode step's cost (see `StepCost.observe`); `drafting` requests drafted the
         trees it verified, in `drafter_seconds` of drafter time."""
-        self.cost.observe(seconds, rows, speculative, emitted, overhead_seconds)
-        if speculative and drafting > 0:
+        self.cost.observe(seconds, requests, draft_rows, emitted, overhead_seconds)
+        if draft_rows > 0 and drafting > 0:
             self._drafting = drafting
             self._drafter_seconds += 0.1 * (drafter_seconds / drafting - self._drafter_seconds)

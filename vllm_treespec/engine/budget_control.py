@@ -281,12 +281,13 @@ class BudgetControl:
     def _observe_gain_step(self, scheduler_output: Any, query: int, seconds: float,
                            accepted: list[int], budgets: list[int]) -> None:
         """budget.gain learns step costs from decode steps only (a prompt chunk's rows cost
-        differently): query rows = one per request plus the scheduled drafts."""
+        differently): query rows = one per request plus the scheduled drafts, priced apart."""
         drafts = scheduler_output.scheduled_spec_decode_tokens
         num_reqs = len(scheduler_output.num_scheduled_tokens)
-        if query != num_reqs + sum(len(d) for d in drafts.values()):
+        draft_rows = sum(len(d) for d in drafts.values())
+        if query != num_reqs + draft_rows:
             return
-        self.gain.observe_step(seconds, query, bool(drafts), num_reqs + sum(accepted),
+        self.gain.observe_step(seconds, num_reqs, draft_rows, num_reqs + sum(accepted),
                                drafting=sum(1 for b in budgets if b > 0),
                                drafter_seconds=self.draft_seconds, overhead_seconds=self.spec_overhead)
 

@@ -103,7 +103,8 @@ class TreeMetrics:
                                "a greedy request's), before the margin.",
                                ["part"])
         self.gain_step = gauge("treespec_gain_step_seconds", "budget.gain's step-cost fit: base, per "
-                               "verified row (row) and per speculative step (speculative) seconds.",
+                               "decoding request (request), per verified draft row (row) and per speculative step "
+                               "(speculative) seconds.",
                                ["part"])
 
 
@@ -135,13 +136,13 @@ class TreeMetrics:
         self.step_seconds.observe(seconds)
 
     def observe_gain(self, counts: dict[str, int], costs: Sequence[float],
-                     coefficients: tuple[float, float, float]) -> None:
+                     coefficients: Sequence[float]) -> None:
         for decision, n in counts.items():
             if n:
                 self.gain_decisions.labels(self.model_name, decision).inc(n)
         for part, value in zip(("row", "request", "greedy_request"), costs):
             self.gain_cost.labels(self.model_name, part).set(value)
-        for part, value in zip(("base", "row", "speculative"), coefficients):
+        for part, value in zip(("base", "request", "row", "speculative"), coefficients):
             self.gain_step.labels(self.model_name, part).set(value)
 
     def observe_fallback(self, reason: str) -> None:

@@ -103,13 +103,13 @@ class TreeStats:
         self.reach_caps = dict(caps)
 
     def observe_gain(self, counts: dict[str, int], costs: Sequence[float],
-                     coefficients: tuple[float, float, float]) -> None:
+                     coefficients: Sequence[float]) -> None:
         """budget.gain, once per step in which it decided: how many requests it let draft,
         probed, kept stopped, held for calibration or held because the step could not pay for
         its drafts (`held`); the costs it decided with (budget.gain.GainCosts: tokens per
         verified row, per drafting sampled request, per drafting greedy request, before the
-        margin); its step-cost fit
-        (base, per-row and speculative-step seconds)."""
+        margin); its step-cost fit (budget.gain.StepCoefficients: base, per-request, per draft
+        row and speculative-step seconds)."""
         if self.metrics is not None:
             self.metrics.observe_gain(counts, costs, coefficients)
         for kind, n in counts.items():
