@@ -69,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         after = parse_series(urllib.request.urlopen(server.base_url + "/metrics", timeout=10).read().decode())
     counters = {k: after[k] - before.get(k, 0.0) for k in after
                 if k.startswith(("treespec_gain_decisions_total", "treespec_tree_", "treespec_accepted_",
-                                 "treespec_draft_seconds", "treespec_worker_step_seconds"))}
+                                 "treespec_draft_seconds", "treespec_worker_step_seconds",
+                                 "treespec_verify_seconds", "treespec_accept_seconds",
+                                 "treespec_compaction_seconds"))}
     gauges = {k: v for k, v in after.items() if k not in counters}
     record = {"benchmark": "served_gain", "hardware": hardware_info(), "software": software_info(),
               "settings": vars(ns) | {"output": str(ns.output) if ns.output else None},
