@@ -23,7 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 SERIES = ("treespec_gain_decisions_total", "treespec_gain_cost_tokens", "treespec_gain_step_seconds",
           "treespec_tree_nodes_sum", "treespec_tree_nodes_count", "treespec_accepted_depth_sum",
           "treespec_draft_seconds_sum", "treespec_draft_seconds_count",
-          "treespec_worker_step_seconds_sum", "treespec_worker_step_seconds_count")
+          "treespec_worker_step_seconds_sum", "treespec_worker_step_seconds_count",
+          "treespec_verify_seconds_sum", "treespec_accept_seconds_sum", "treespec_compaction_seconds_sum",
+          "treespec_tree_attention_seconds_sum")
 
 
 def parse_series(text: str) -> dict[str, float]:
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                 if k.startswith(("treespec_gain_decisions_total", "treespec_tree_", "treespec_accepted_",
                                  "treespec_draft_seconds", "treespec_worker_step_seconds",
                                  "treespec_verify_seconds", "treespec_accept_seconds",
-                                 "treespec_compaction_seconds"))}
+                                 "treespec_compaction_seconds", "treespec_tree_attention_seconds"))}
     gauges = {k: v for k, v in after.items() if k not in counters}
     record = {"benchmark": "served_gain", "hardware": hardware_info(), "software": software_info(),
               "settings": vars(ns) | {"output": str(ns.output) if ns.output else None},

@@ -125,6 +125,26 @@ def test_a_requests_own_reach_lifts_nodes_its_rating_undervalues():
     assert [d.nodes for d in decisions] == [5, 2]
 
 
+def test_an_exploration_step_keeps_likely_nodes_whatever_rows_cost():
+    """Rows priced above every node decline each rated draft, so a server that stopped drafting
+    would never see a draft row again to revise the price; half way between calibration steps an
+    exploration step keeps each draft's nodes worth at least EXPLORE_WORTH and goes speculative."""
+    from vllm_treespec.budget.gain import EXPLORE_WORTH, decision_kind
+
+    gain = GainControl(8, margin=1.0, calibrate_every=32)
+    record = _missed(gain)
+    worth = [0.9, 0.8, 0.4, 0.2, 0.1]
+    dear = GainCosts(row=1.2, request=0.0, greedy_request=0.0)
+    kinds = []
+    for step in range(1, 65):
+        gain.begin_step()
+        d = _one(gain, record, worth, dear)
+        if d.nodes:
+            kinds.append((step, d.nodes, decision_kind(d, gain.calibrating), gain.settle([d])))
+    assert EXPLORE_WORTH == 0.5
+    assert kinds == [(15, 2, "explore", True), (47, 2, "explore", True)]
+
+
 def test_a_rated_decision_clears_the_stopped_state():
     gain = GainControl(8)
     record = gain.new_record()

@@ -486,7 +486,10 @@ class GainConfig:
     calibrate_every: int = spec(32, ge=0, le=100000, doc=(
         "Every this many steps no unseeded request drafts (0 = never): the step cost model "
         "needs steps of different sizes to tell the cost of a verified row from the cost of the "
-        "step, and when every request drafts every step it sees none."))
+        "step, and when every request drafts every step it sees none. With confidence on, the "
+        "step half way between two of them is an exploration step: rated greedy drafts keep "
+        "their nodes worth at least half a token whatever a row costs, so draft rows keep "
+        "being measured."))
 
     def validate(self, prefix: str) -> None:
         if self.max_probe_every < self.probe_every:

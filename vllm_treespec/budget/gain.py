@@ -103,8 +103,8 @@ class StepCost:
       beyond the measured overhead and its rows (served: the engine core's handling of drafts);
       it is told apart from the rows by trees of different sizes and from the base by steps
       without drafts (budget.gain's calibration steps). Ridge terms of `prior_weight`
-      pseudo-steps hold each slope at 3% of the mean step and `extra` at 0 until the data say
-      otherwise;
+      pseudo-steps hold the request slope at 3% of the mean step, the draft-row slope at the
+      request slope and `extra` at 0 until the data say otherwise;
     - the measured overhead (spec-decode planning, tree acceptance, tree attention; timed by the
       engine in every speculative step, not fitted);
     - the tokens the recent decode steps emitted per second.
@@ -166,9 +166,17 @@ class StepCost:
             mean_step = self._seconds / self._weight
             mean_requests = max(self._requests / self._weight, 1.0)
             mean_draft_rows = max(self._draft_rows / self._weight, 1.0)
-            prior = np.array([0.0, 0.03 * mean_step, 0.03 * mean_step, 0.0])
-            scale = self.prior_weight * np.array([1e-6, mean_requests ** 2, mean_draft_rows ** 2, 1.0])
-            fit = np.linalg.solve(self._xtx + np.diag(scale), self._xty + scale * prior)
+            prior = np.array([0.0, 0.03 * mean_step, 0.0, 0.0])
+            scale = self.prior_weight * np.array([1e-6, mean_requests ** 2, 0.0, 1.0])
+            ridge = np.diag(scale)
+            # a draft row's slope is pulled toward a request's, not toward a constant: until
+            # verified drafts say otherwise a draft row costs what a request's row costs (the
+            # single slope this fit had), so a server that has drafted nothing yet prices rows
+            # from the batch sizes it has seen rather than from a guess it can never revise
+            # (weak: with no draft rows seen any weight makes them equal, with some it should not bias)
+            tie = 0.05 * self.prior_weight * mean_draft_rows ** 2
+            ridge[1:3, 1:3] += tie * np.array([[1.0, -1.0], [-1.0, 1.0]])
+            fit = np.linalg.solve(self._xtx + ridge, self._xty + scale * prior)
             overhead = self._overhead / self._overhead_weight if self._overhead_weight else 0.0
             self._fit = StepCoefficients(max(fit[0], 0.0), max(fit[1], 0.0), max(fit[2], 0.0),
                                          overhead + max(fit[3], 0.0))
@@ -233,9 +241,13 @@ class GainDecision:
     probe: bool = False
     net: float = 0.0          # a draft that pays: its expected tokens minus its rows' cost (tokens)
     own: bool = False         # decided on the request's own history alone (seeded sampled)
+    explore: bool = False     # kept by an exploration step, whatever rows cost (`begin_step`)
 
 
-GAIN_DECISIONS = ("draft", "probe", "stopped", "calibration", "held", "declined")
+GAIN_DECISIONS = ("draft", "probe", "stopped", "calibration", "held", "declined", "explore")
+
+# An exploration step keeps a rated node whose calibrated worth is at least this (tokens).
+EXPLORE_WORTH = 0.5
 
 
 def decision_kind(decision: GainDecision, calibrating: bool) -> str:
@@ -245,6 +257,8 @@ def decision_kind(decision: GainDecision, calibrating: bool) -> str:
     caller)."""
     if decision.probe:
         return "probe"
+    if decision.explore:
+        return "explore"
     if decision.nodes > 0:
         return "draft"
     return "calibration" if calibrating else "stopped"
@@ -274,6 +288,7 @@ class GainControl:
         self.margin = float(margin)
         self.calibrate_every = int(calibrate_every)
         self.calibrating = False             # this step: no unseeded request drafts
+        self.exploring = False               # this step: rated drafts keep their likely nodes
         self.max_depth = int(max_depth)
         self.probe_every, self.max_probe_every = int(probe_every), int(max_probe_every)
         self.probe_nodes = int(probe_nodes)
@@ -316,12 +331,20 @@ class GainControl:
         Every `calibrate_every` steps is a calibration step: no unseeded request drafts, so the
         step cost model sees a step without drafted rows at the current batch size (when every
         request drafts every step, all steps have about the same rows, and the cost of a row
-        cannot be told from the cost of the step)."""
+        cannot be told from the cost of the step).
+        Half way between two calibration steps is an exploration step, its converse for rated
+        drafts (`decide_rated`): each keeps its nodes worth at least EXPLORE_WORTH whatever a
+        row is priced at, and the step goes speculative. Without it a server that stopped
+        drafting would price draft rows from plain steps alone and never see a draft row again
+        to revise the price (measured at 32 greedy clients: every rated draft declined)."""
         self._step += 1
         # steps 31, 63, 95, ... (odd: never one of the unseeded probe steps, which are multiples
         # of intervals that are powers of two times probe_every; never a request's first step)
         self.calibrating = self.calibrate_every > 0 and \
             self._step % self.calibrate_every == self.calibrate_every - 1
+        # steps 15, 47, 79, ... for the default 32 (odd too)
+        self.exploring = self.calibrate_every >= 4 and \
+            self._step % self.calibrate_every == self.calibrate_every // 2 - 1
 
     def decide(self, record: GainRecord, cap: int, seeded_sampled: bool = False,
                costs: GainCosts | None = None, cls: str | None = None) -> GainDecision:
@@ -393,12 +416,16 @@ class GainControl:
             own = self.reach.reach_many([r.acceptance for r in records])          # [T, max_depth]
             tree_of = np.repeat(np.arange(len(records)), sizes)
             worth = np.maximum(worth, own[tree_of, np.clip(np.asarray(depths) - 1, 0, own.shape[1] - 1)])
-        kept, net = keep_prefixes(worth, offsets, self.margin * costs.row)
+        if self.exploring:
+            kept, net = keep_prefixes(worth, offsets, EXPLORE_WORTH)
+        else:
+            kept, net = keep_prefixes(worth, offsets, self.margin * costs.row)
         decisions = []
         for record, n, gain in zip(records, kept.tolist(), net.tolist()):
             record.waited = record.interval = None
             record.probing = record.probed = False
-            decisions.append(GainDecision(n, net=gain) if n > 0 and gain > 0 else GainDecision(0))
+            decisions.append(GainDecision(n, net=gain, explore=self.exploring)
+                             if n > 0 and (gain > 0 or self.exploring) else GainDecision(0))
         return decisions
 
     def settle(self, decisions: Sequence[GainDecision]) -> bool:
@@ -410,7 +437,7 @@ class GainControl:
         overhead (times the margin); otherwise the caller holds them back and the step is a
         plain one. The held requests keep their state and decide again next step."""
         drafts = [d for d in decisions if d.nodes > 0]
-        if not drafts or any(d.probe or d.own for d in drafts):
+        if not drafts or any(d.probe or d.own or d.explore for d in drafts):
             return True
         return sum(d.net for d in drafts) > self.margin * self.step_cost()
 
