@@ -26,6 +26,7 @@ SERIES = ("treespec_gain_decisions_total", "treespec_gain_cost_tokens", "treespe
           "treespec_worker_step_seconds_sum", "treespec_worker_step_seconds_count",
           "treespec_verify_seconds_sum", "treespec_accept_seconds_sum", "treespec_compaction_seconds_sum",
           "treespec_tree_attention_seconds_sum")
+GAUGES = ("treespec_gain_cost_tokens", "treespec_gain_step_seconds")   # the rest of SERIES are counters
 
 
 def parse_series(text: str) -> dict[str, float]:
@@ -69,11 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         load = run_load(server, pool[:ns.num_prompts], max_tokens=ns.max_tokens,
                         concurrency=ns.concurrency, temperature=ns.temperature)
         after = parse_series(urllib.request.urlopen(server.base_url + "/metrics", timeout=10).read().decode())
-    counters = {k: after[k] - before.get(k, 0.0) for k in after
-                if k.startswith(("treespec_gain_decisions_total", "treespec_tree_", "treespec_accepted_",
-                                 "treespec_draft_seconds", "treespec_worker_step_seconds",
-                                 "treespec_verify_seconds", "treespec_accept_seconds",
-                                 "treespec_compaction_seconds", "treespec_tree_attention_seconds"))}
+    counters = {k: after[k] - before.get(k, 0.0) for k in after if not k.startswith(GAUGES)}
     gauges = {k: v for k, v in after.items() if k not in counters}
     record = {"benchmark": "served_gain", "hardware": hardware_info(), "software": software_info(),
               "settings": vars(ns) | {"output": str(ns.output) if ns.output else None},

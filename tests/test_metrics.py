@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import CollectorRegistry
 
+from vllm_treespec.budget.gain import StepCoefficients
 from vllm_treespec.engine import metrics as metrics_mod
 from vllm_treespec.engine.metrics import (MODEL_LABEL, MULTIPROC_ENV, UNEXPORTED_WARNING, TreeMetrics,
                                           make_metrics, model_label_value)
@@ -31,7 +32,7 @@ def _fed_registry(model: str = "code-lm") -> CollectorRegistry:
     stats.observe_reach({"greedy": 8.0, "sampled": 3.5})
     stats.observe_fallback("logprobs")
     stats.observe_gain({"draft": 1, "probe": 0, "stopped": 3, "calibration": 0}, (0.05, 0.6),
-                       (0.003, 4e-4, 1e-4, 8e-4))
+                       StepCoefficients(base=0.003, request=4e-4, row=1e-4, speculative=8e-4))
     return registry
 
 

@@ -416,10 +416,7 @@ class GainControl:
             own = self.reach.reach_many([r.acceptance for r in records])          # [T, max_depth]
             tree_of = np.repeat(np.arange(len(records)), sizes)
             worth = np.maximum(worth, own[tree_of, np.clip(np.asarray(depths) - 1, 0, own.shape[1] - 1)])
-        if self.exploring:
-            kept, net = keep_prefixes(worth, offsets, EXPLORE_WORTH)
-        else:
-            kept, net = keep_prefixes(worth, offsets, self.margin * costs.row)
+        kept, net = keep_prefixes(worth, offsets, EXPLORE_WORTH if self.exploring else self.margin * costs.row)
         decisions = []
         for record, n, gain in zip(records, kept.tolist(), net.tolist()):
             record.waited = record.interval = None

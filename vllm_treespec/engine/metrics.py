@@ -19,7 +19,10 @@ tensor-parallel rank 0 exports (and warns), so ranks are not double counted.
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:
+    from vllm_treespec.budget.gain import StepCoefficients
 
 __all__ = ["TreeMetrics", "MULTIPROC_ENV", "MODEL_LABEL", "UNEXPORTED_WARNING", "make_metrics",
            "model_label_value"]
@@ -136,13 +139,13 @@ class TreeMetrics:
         self.step_seconds.observe(seconds)
 
     def observe_gain(self, counts: dict[str, int], costs: Sequence[float],
-                     coefficients: Sequence[float]) -> None:
+                     coefficients: StepCoefficients) -> None:
         for decision, n in counts.items():
             if n:
                 self.gain_decisions.labels(self.model_name, decision).inc(n)
         for part, value in zip(("row", "request", "greedy_request"), costs):
             self.gain_cost.labels(self.model_name, part).set(value)
-        for part, value in zip(("base", "request", "row", "speculative"), coefficients):
+        for part, value in coefficients._asdict().items():
             self.gain_step.labels(self.model_name, part).set(value)
 
     def observe_fallback(self, reason: str) -> None:

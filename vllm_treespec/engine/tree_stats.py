@@ -9,7 +9,10 @@ series (engine/metrics.py) when this worker exports them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:
+    from vllm_treespec.budget.gain import StepCoefficients
 
 
 __all__ = ["TreeStats"]
@@ -103,7 +106,7 @@ class TreeStats:
         self.reach_caps = dict(caps)
 
     def observe_gain(self, counts: dict[str, int], costs: Sequence[float],
-                     coefficients: Sequence[float]) -> None:
+                     coefficients: StepCoefficients) -> None:
         """budget.gain, once per step in which it decided: how many requests it let draft,
         probed, kept stopped, held for calibration or held because the step could not pay for
         its drafts (`held`); the costs it decided with (budget.gain.GainCosts: tokens per
