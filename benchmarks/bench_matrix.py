@@ -14,9 +14,11 @@ request emits exactly --max-tokens tokens (`ignore_eos`).
     .venv/bin/python benchmarks/bench_matrix.py --fixture tiny --configs off ngram:4 default:4 \
         --num-prompts 8 --max-tokens 16 --concurrency 1 8 --temperatures 0 0.7 --output /tmp/m.json
 
-Configs (--configs): `off`; `off-sync` (no speculation and `--no-async-scheduling`: vLLM 0.32
-turns async scheduling off for every speculative method but EAGLE/MTP, draft_model and the
-GPU ngram, so this shows what a speculative config pays for that alone); `ngram:K` (vLLM's
+Configs (--configs): `off`; `off-sync` (no speculation and `--no-async-scheduling`. On a GPU this
+shows what a speculative config pays for synchronous scheduling alone: vLLM 0.32 turns async
+scheduling off for every speculative method but EAGLE/MTP, draft_model, DFlash and the GPU
+ngram. On CPU vLLM schedules every server synchronously, so there it is a second `off` server:
+an A/A control whose ratio shows the noise of the cell, tests/test_vllm_cpu_scheduling.py); `ngram:K` (vLLM's
 ngram, n-gram range 1..4); `suffix:K` (vLLM's SuffixDecoding, needs the arctic-inference
 package: benchmarks/install_suffix.sh); `default:K` (treespec with no `treespec` key in
 --additional-config: the plugin's default preset); `PRESET:K` (treespec with that preset name,
@@ -102,7 +104,7 @@ def parse_config(spec: str) -> MatrixConfig:
     spec = spec.strip()
     if spec == "off":
         return MatrixConfig(spec, "off", "off", None, no_spec().args)
-    if spec == "off-sync":      # no speculation, and no async scheduling (what any spec config gets)
+    if spec == "off-sync":      # no speculation, no async scheduling (on CPU: the same server as off)
         return MatrixConfig(spec, "off-sync", "off-sync", None, (*no_spec().args, "--no-async-scheduling"))
     name, sep, k_text = spec.rpartition(":")
     if not sep or not name.strip():
