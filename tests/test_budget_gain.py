@@ -380,3 +380,40 @@ def test_held_drafts_leave_the_requests_state_alone():
     assert not gain.settle([d])
     assert reqs["r"].waited is None                    # not stopped: it decides again next step
     assert gain.decide(reqs["r"], 16, costs=costs) == d
+
+
+def test_a_step_of_waiting_requests_does_not_fit_the_costs():
+    """The costs (and the step-cost fit's solve behind them) are computed once per step, and
+    only when a decision needs them: a step whose requests all wait for their probe skips
+    them (most sampled steps), a step that decides computes them once for all its requests."""
+    gain = _costed(1e-3, drafting=1)
+    reqs = _Requests(gain)
+    _learn(gain, reqs["a"], 16, 0)
+    _learn(gain, reqs["b"], 16, 0)
+    calls = []
+    measured = gain.measured_costs
+    gain.measured_costs = lambda: calls.append(1) or measured()
+    gain.begin_step()
+    assert gain.costs_this_step() is None
+    assert gain.decide(reqs["a"], 16, cls="T0.7").nodes == 0       # decides: stopped
+    assert gain.decide(reqs["b"], 16, cls="T0.7").nodes == 0
+    assert len(calls) == 1 and gain.costs_this_step() is not None
+    gain.begin_step()                                               # both now wait for a probe
+    assert gain.costs_this_step() is None
+    assert reqs["a"].waited is not None
+    assert gain.decide(reqs["a"], 16, cls="T0.7").nodes == 0
+    assert len(calls) == 1 and gain.costs_this_step() is None
+
+
+def test_solve_small_matches_numpy():
+    from vllm_treespec.budget.gain import solve_small
+
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        m = rng.normal(size=(4, 4))
+        a = m @ m.T + 0.1 * np.eye(4)            # the fit's systems are symmetric positive definite
+        a[[0, 2]] = a[[2, 0]]                    # and some need a pivot
+        b = rng.normal(size=4)
+        assert np.allclose(solve_small(a.tolist(), b.tolist()), np.linalg.solve(a, b))
+    with pytest.raises(ValueError, match="singular"):
+        solve_small([[0.0, 0.0], [0.0, 0.0]], [1.0, 1.0])

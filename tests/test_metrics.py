@@ -239,3 +239,16 @@ def test_hardware_line_of_an_old_record_does_not_guess_the_gpu():
 
     old = {"cpu_model": "Xeon", "usable_cores": 2, "cpu_cores": 2, "mem_gib": 16.0}
     assert hardware_line(old).endswith("; GPU not recorded")
+
+
+def test_a_step_decided_without_costs_keeps_the_cost_gauges():
+    """budget.gain skips its costs in steps whose requests all wait for a probe: the decisions
+    are counted, the cost and fit gauges keep the values last decided with."""
+    registry = CollectorRegistry()
+    stats = TreeStats(8, metrics=TreeMetrics(registry, model_name="m"))
+    stats.observe_gain({"draft": 1}, (0.05, 0.6, 0.1), StepCoefficients(0.003, 4e-4, 1e-4, 8e-4))
+    stats.observe_gain({"stopped": 2}, None, None)
+    assert registry.get_sample_value("treespec_gain_cost_tokens", {MODEL_LABEL: "m", "part": "row"}) == 0.05
+    assert registry.get_sample_value("treespec_gain_step_seconds", {MODEL_LABEL: "m", "part": "row"}) == 1e-4
+    assert registry.get_sample_value("treespec_gain_decisions_total", {MODEL_LABEL: "m", "decision": "stopped"}) == 2
+    assert stats.gain_decisions == {"draft": 1, "stopped": 2}

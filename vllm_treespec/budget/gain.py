@@ -114,8 +114,11 @@ class StepCost:
         if not 0.0 < forget < 1.0 or prior_weight <= 0:
             raise ValueError("need 0 < forget < 1 and prior_weight > 0")
         self.forget, self.prior_weight = float(forget), float(prior_weight)
-        self._xtx = np.zeros((4, 4))
-        self._xty = np.zeros(4)
+        # decayed normal equations of the 4-term fit, in plain floats: updated every step and
+        # solved in steps that decide, where numpy's per-call overhead on 4x4 arrays was a
+        # measurable part of an idle sampled step (docs/never-slower.md section 4)
+        self._xtx = [[0.0] * 4 for _ in range(4)]
+        self._xty = [0.0] * 4
         self._seconds = 0.0          # decayed sums: mean step (the prior's scale), rate
         self._requests = 0.0
         self._draft_rows = 0.0
@@ -136,9 +139,12 @@ class StepCost:
         keep = 1.0 - self.forget
         speculative = draft_rows > 0
         overhead = min(max(float(overhead_seconds), 0.0), seconds) if speculative else 0.0
-        x = np.array([1.0, float(requests), float(draft_rows), 1.0 if speculative else 0.0])
-        self._xtx = self._xtx * keep + np.outer(x, x)
-        self._xty = self._xty * keep + x * (seconds - overhead)
+        x = (1.0, float(requests), float(draft_rows), 1.0 if speculative else 0.0)
+        y = seconds - overhead
+        for xi, row, i in zip(x, self._xtx, range(4)):
+            for j in range(4):
+                row[j] = row[j] * keep + xi * x[j]
+            self._xty[i] = self._xty[i] * keep + xi * y
         self._seconds = self._seconds * keep + seconds
         self._requests = self._requests * keep + requests
         self._draft_rows = self._draft_rows * keep + draft_rows
@@ -166,21 +172,52 @@ class StepCost:
             mean_step = self._seconds / self._weight
             mean_requests = max(self._requests / self._weight, 1.0)
             mean_draft_rows = max(self._draft_rows / self._weight, 1.0)
-            prior = np.array([0.0, 0.03 * mean_step, 0.0, 0.0])
-            scale = self.prior_weight * np.array([1e-6, mean_requests ** 2, 0.0, 1.0])
-            ridge = np.diag(scale)
+            prior = (0.0, 0.03 * mean_step, 0.0, 0.0)
+            scale = [self.prior_weight * w for w in (1e-6, mean_requests ** 2, 0.0, 1.0)]
+            a = [list(row) for row in self._xtx]
+            for i in range(4):
+                a[i][i] += scale[i]
             # a draft row's slope is pulled toward a request's, not toward a constant: until
             # verified drafts say otherwise a draft row costs what a request's row costs (the
             # single slope this fit had), so a server that has drafted nothing yet prices rows
             # from the batch sizes it has seen rather than from a guess it can never revise
             # (weak: with no draft rows seen any weight makes them equal, with some it should not bias)
             tie = 0.05 * self.prior_weight * mean_draft_rows ** 2
-            ridge[1:3, 1:3] += tie * np.array([[1.0, -1.0], [-1.0, 1.0]])
-            fit = np.linalg.solve(self._xtx + ridge, self._xty + scale * prior)
+            a[1][1] += tie
+            a[2][2] += tie
+            a[1][2] -= tie
+            a[2][1] -= tie
+            fit = solve_small(a, [b + w * m for b, w, m in zip(self._xty, scale, prior)])
             overhead = self._overhead / self._overhead_weight if self._overhead_weight else 0.0
             self._fit = StepCoefficients(max(fit[0], 0.0), max(fit[1], 0.0), max(fit[2], 0.0),
                                          overhead + max(fit[3], 0.0))
         return self._fit
+
+
+def solve_small(a: list[list[float]], b: list[float]) -> list[float]:
+    """x with a x = b for a small dense system (Gaussian elimination with partial pivoting, in
+    place on the copies given): the step-cost fit's 4x4 normal equations, solved without
+    numpy's per-call overhead."""
+    n = len(b)
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
+        if a[pivot][col] == 0.0:
+            raise ValueError("singular system")
+        if pivot != col:
+            a[col], a[pivot] = a[pivot], a[col]
+            b[col], b[pivot] = b[pivot], b[col]
+        inv = 1.0 / a[col][col]
+        for r in range(col + 1, n):
+            f = a[r][col] * inv
+            if f:
+                row, top = a[r], a[col]
+                for c in range(col, n):
+                    row[c] -= f * top[c]
+                b[r] -= f * b[col]
+    x = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        x[r] = (b[r] - sum(a[r][c] * x[c] for c in range(r + 1, n))) / a[r][r]
+    return x
 
 
 class ClassAcceptance:
@@ -300,6 +337,7 @@ class GainControl:
         self._step = 0                       # steps decided (the shared probe clock)
         self.classes = ClassAcceptance(self.max_depth, prior=prior)
         self._class_interval: dict[str, int] = {}    # first probe interval of a class's requests
+        self._costs: GainCosts | None = None         # this step's measured_costs(), once needed
 
     # -- costs -------------------------------------------------------------------------------
     def measured_costs(self) -> GainCosts:
@@ -313,6 +351,18 @@ class GainControl:
         row, overhead = fit.row, fit.speculative
         drafter = self._drafter_seconds * rate
         return GainCosts(row * rate, overhead / max(self._drafting, 1) * rate + drafter, drafter)
+
+    def step_costs(self) -> GainCosts:
+        """`measured_costs()` for this step, computed when a decision first needs it (the fit
+        changes only between steps). A step whose requests all wait for their probe never
+        needs it, and then skips the fit's solve: that is most sampled steps."""
+        if self._costs is None:
+            self._costs = self.measured_costs()
+        return self._costs
+
+    def costs_this_step(self) -> GainCosts | None:
+        """The costs this step decided with; None when no decision needed them."""
+        return self._costs
 
     def step_cost(self) -> float:
         """Tokens a speculative step's overhead costs the batch, whoever drafts in it."""
@@ -338,6 +388,7 @@ class GainControl:
         drafting would price draft rows from plain steps alone and never see a draft row again
         to revise the price (measured at 32 greedy clients: every rated draft declined)."""
         self._step += 1
+        self._costs = None
         # steps 31, 63, 95, ... (odd: never one of the unseeded probe steps, which are multiples
         # of intervals that are powers of two times probe_every; never a request's first step)
         self.calibrating = self.calibrate_every > 0 and \
@@ -349,8 +400,8 @@ class GainControl:
     def decide(self, record: GainRecord, cap: int, seeded_sampled: bool = False,
                costs: GainCosts | None = None, cls: str | None = None) -> GainDecision:
         """The nodes of the request whose state is `record` this step, at most `cap` (its budget
-        from the mode, room and eligibility). `costs`: `measured_costs()` computed once per step by
-        the caller; `cls`: an unseeded request's sampling class (its prior and probe interval are
+        from the mode, room and eligibility). `costs`: the step's costs (default `step_costs()`,
+        computed only if this request's decision needs them); `cls`: an unseeded request's sampling class (its prior and probe interval are
         the class's; ignored for seeded sampled requests, which depend on nothing but themselves)."""
         cap = min(int(cap), self.max_depth)
         if cap <= 0 or (self.calibrating and not seeded_sampled):
@@ -369,7 +420,7 @@ class GainControl:
             row_cost, request_cost = self.fixed_row_cost, self.fixed_request_cost
             cls = None
         else:
-            costs = costs if costs is not None else self.measured_costs()
+            costs = costs if costs is not None else self.step_costs()
             row_cost = self.margin * costs.row
             request_cost = self.margin * (costs.request if cls is not None else costs.greedy_request)
             if cls is not None:

@@ -16,7 +16,7 @@ import torch
 
 from vllm_treespec.budget import make_budget_policy
 from vllm_treespec.budget.confidence import GREEDY_CLASS, DraftCalibration, batch_path_probs
-from vllm_treespec.budget.gain import GAIN_DECISIONS, GainControl, GainCosts, GainDecision, decision_kind
+from vllm_treespec.budget.gain import GAIN_DECISIONS, GainControl, GainDecision, decision_kind
 from vllm_treespec.budget.reach import ReachCap
 from vllm_treespec.config import TreespecConfig
 from vllm_treespec.engine.request_table import RequestTable
@@ -59,7 +59,7 @@ class BudgetControl:
         self.calibration = DraftCalibration() if gain.enabled and gain.confidence else None
         # a step's gain decisions between `caps` and `rate_drafts` when some wait for their drafts:
         # (decided per request index, this step's costs, the request indices that wait)
-        self._pending: tuple[dict[int, GainDecision | None], GainCosts, list[int]] | None = None
+        self._pending: tuple[dict[int, GainDecision | None], list[int]] | None = None
         # auto budgets depend on each rank's own timings: rank 0's choice is broadcast every step
         # so all tensor-parallel ranks draft the same trees
         self._sync = (config.budget.mode == "auto"
@@ -97,7 +97,6 @@ class BudgetControl:
             self.stats.observe_budget_choice(chosen)
         budget = min(budget, chosen)
         caps = [min(budget, max(self.max_model_len - t, 0)) if d else 0 for t, d in zip(lengths, decoding)]
-        gain_costs = None     # budget.gain's row and request costs, once per step
         decided: dict[int, GainDecision | None] = {}   # budget.gain's decision per request index
         rated: list[int] = []          # request indices decided on their drafts (`rate_drafts`)
         self._pending = None
@@ -121,21 +120,17 @@ class BudgetControl:
                 st.reach_class = ReachCap.sampling_class(request_temperature(runner, req_id))
                 caps[i] = min(caps[i], self.reach.cap(st.reach))
             if self.gain is not None and caps[i] > 0:
-                if gain_costs is None:
-                    gain_costs = self.gain.measured_costs()
                 if self.calibration is not None and st.is_greedy and not self.gain.calibrating:
                     rated.append(i)
                     continue
-                decision = self.gain.decide(st.gain_record(self.gain), caps[i], st.seeded_sampled, gain_costs,
-                                            st.gain_class)
+                decision = self.gain.decide(st.gain_record(self.gain), caps[i], st.seeded_sampled,
+                                            cls=st.gain_class)
                 caps[i] = decision.nodes
                 decided[i] = decision
         if rated:
-            assert gain_costs is not None
-            self._pending = (decided, gain_costs, rated)
+            self._pending = (decided, rated)
         elif decided:
-            assert gain_costs is not None
-            self._settle(caps, decided, gain_costs)
+            self._settle(caps, decided)
         return caps, choice
 
     def rate_drafts(self, requests: RequestTable, req_ids: Sequence[str], proposal: Any,
@@ -146,7 +141,7 @@ class BudgetControl:
         pending, self._pending = self._pending, None
         if pending is None:
             return
-        decided, costs, rated = pending
+        decided, rated = pending
         assert self.gain is not None and self.calibration is not None
         drafted = []                                  # request indices with a tree to rate
         for i in rated:
@@ -162,7 +157,8 @@ class BudgetControl:
             depths = np.concatenate([t.depth[1:] for t in trees])
             states = [requests.state(req_ids[i]) for i in drafted]
             decisions = self.gain.decide_rated([st.gain_record(self.gain) for st in states],
-                                               self.calibration.worth(GREEDY_CLASS, probs), depths, offsets, costs)
+                                               self.calibration.worth(GREEDY_CLASS, probs), depths, offsets,
+                                               self.gain.step_costs())
             for i, tree, st, decision, start in zip(drafted, trees, states, decisions, offsets.tolist()):
                 n = decision.nodes
                 decided[i], caps[i] = decision, n
@@ -170,9 +166,9 @@ class BudgetControl:
                     proposal.trees[i] = tree.prefix(n)
                 if n:
                     st.rated = probs[start:start + n]
-        self._settle(caps, decided, costs, rated, proposal, requests, req_ids)
+        self._settle(caps, decided, rated, proposal, requests, req_ids)
 
-    def _settle(self, caps: list[int], decided: dict[int, GainDecision | None], costs: GainCosts,
+    def _settle(self, caps: list[int], decided: dict[int, GainDecision | None],
                 rated: Sequence[int] = (), proposal: Any = None, requests: RequestTable | None = None,
                 req_ids: Sequence[str] = ()) -> None:
         """Hold every draft back when together they do not pay for a speculative step, then count
@@ -195,7 +191,8 @@ class BudgetControl:
                 counts["declined"] += 1
             else:
                 counts[decision_kind(decision, self.gain.calibrating)] += 1
-        self.stats.observe_gain(counts, costs, self.gain.cost.coefficients())
+        costs = self.gain.costs_this_step()
+        self.stats.observe_gain(counts, costs, self.gain.cost.coefficients() if costs is not None else None)
 
     def _output_room(self, runner: Any, req_id: str, num_tokens: int) -> int:
         """Drafts the request can still emit: max_tokens minus its output so far, minus the token
@@ -270,7 +267,8 @@ class BudgetControl:
         if self.gain is not None and query > 0:
             # budget.gain prices a step by its whole period, drafting excluded (counted apart):
             # the engine core's scheduling and output handling between worker steps is part of
-            # what every step costs (vLLM runs speculative configs without async scheduling)
+            # what every step costs (vLLM runs custom proposers, and
+            # every server on CPU, without async scheduling)
             period = now - self.last_propose_end if self.last_propose_end is not None else seconds
             self._observe_gain_step(scheduler_output, query, period if period < 20 * seconds else seconds,
                                     accepted, budgets)

@@ -138,14 +138,14 @@ class TreeMetrics:
     def observe_step(self, seconds: float) -> None:
         self.step_seconds.observe(seconds)
 
-    def observe_gain(self, counts: dict[str, int], costs: Sequence[float],
-                     coefficients: StepCoefficients) -> None:
+    def observe_gain(self, counts: dict[str, int], costs: Sequence[float] | None,
+                     coefficients: StepCoefficients | None) -> None:
         for decision, n in counts.items():
             if n:
                 self.gain_decisions.labels(self.model_name, decision).inc(n)
-        for part, value in zip(("row", "request", "greedy_request"), costs):
+        for part, value in zip(("row", "request", "greedy_request"), costs or ()):
             self.gain_cost.labels(self.model_name, part).set(value)
-        for part, value in coefficients._asdict().items():
+        for part, value in (coefficients._asdict().items() if coefficients is not None else ()):
             self.gain_step.labels(self.model_name, part).set(value)
 
     def observe_fallback(self, reason: str) -> None:

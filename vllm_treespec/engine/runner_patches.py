@@ -46,11 +46,18 @@ REGISTRY = PatchRegistry()
 
 
 def _tree_proposer(runner: Any) -> Any:
-    from vllm_treespec.engine.proposer import TreeProposer
-    from vllm_treespec.engine.runner_state import runner_drafter
+    """The runner's TreeProposer, or None (every patch asks, several times a step: the class
+    is imported once)."""
+    global _TreeProposer
+    if _TreeProposer is None:
+        from vllm_treespec.engine.proposer import TreeProposer
 
-    drafter = runner_drafter(runner)
-    return drafter if isinstance(drafter, TreeProposer) else None
+        _TreeProposer = TreeProposer
+    drafter = getattr(runner, "drafter", None)     # engine/runner_state.runner_drafter
+    return drafter if isinstance(drafter, _TreeProposer) else None
+
+
+_TreeProposer: Any = None
 
 
 def _publish_plan(proposer: Any, step: Any) -> None:

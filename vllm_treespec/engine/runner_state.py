@@ -132,6 +132,12 @@ def batch_wants_logprobs(runner: Any) -> bool:
     return metadata.max_num_logprobs is not None or bool(metadata.logprob_token_ids)
 
 
+def batch_has_seeded_sampling(runner: Any) -> bool:
+    """Whether any request in the persistent batch samples with its own seed: vLLM keeps a
+    generator per such row (`InputBatch.generators`) and none for the others."""
+    return bool(runner.input_batch.generators)
+
+
 def request_sampling(runner: Any, req_ids: Sequence[str]) -> list[Any]:
     """SamplingParams of each request. Its generator (`CachedRequestState.generator`) is not
     read: it is vLLM's sampler's, which may advance it in the same step; tree acceptance keeps

@@ -105,14 +105,15 @@ class TreeStats:
             self.metrics.observe_reach(caps)
         self.reach_caps = dict(caps)
 
-    def observe_gain(self, counts: dict[str, int], costs: Sequence[float],
-                     coefficients: StepCoefficients) -> None:
+    def observe_gain(self, counts: dict[str, int], costs: Sequence[float] | None,
+                     coefficients: StepCoefficients | None) -> None:
         """budget.gain, once per step in which it decided: how many requests it let draft,
         probed, kept stopped, held for calibration or held because the step could not pay for
         its drafts (`held`); the costs it decided with (budget.gain.GainCosts: tokens per
         verified row, per drafting sampled request, per drafting greedy request, before the
         margin); its step-cost fit (budget.gain.StepCoefficients: base, per-request, per draft
-        row and speculative-step seconds)."""
+        row and speculative-step seconds). Costs and fit are None in a step whose decisions did
+        not need them (every request waiting for its probe): the gauges keep their last values."""
         if self.metrics is not None:
             self.metrics.observe_gain(counts, costs, coefficients)
         for kind, n in counts.items():
