@@ -24,7 +24,8 @@ also binned by their query rows (what each extra verified row costs). Writes a J
 (per-prompt seconds and steps of both sides included) with --output.
 
 With --temperature T > 0 every request samples (seeded per prompt and pass, the same seeds on
-both sides). Speculation keeps the target's distribution, not its random stream, so outputs are
+both sides; --unseeded sends no seed, as served traffic mostly does: treespec then has no
+per-request stream to keep, see engine/plain_sampling.py). Speculation keeps the target's distribution, not its random stream, so outputs are
 not compared pair by pair then; `tests/test_e2e_tree_sampling.py` tests the distribution.
     .venv/bin/python benchmarks/bench_paired.py --a off --b demo/lookup-trie-distilled:32 --temperature 0.7
 """
@@ -85,7 +86,8 @@ def resolved(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {**kwargs, "speculative_config": {**spec, "model": str(resolve_model_dir(spec["model"]))}}
 
 
-def _serve(conn: Any, kwargs: dict[str, Any], model: str, max_tokens: int, temperature: float) -> None:
+def _serve(conn: Any, kwargs: dict[str, Any], model: str, max_tokens: int, temperature: float,
+           seeded: bool = True) -> None:
     """Child process: one engine; answers (prompt, seed) with (seconds, token ids, steps,
     forward seconds) until None."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -127,7 +129,7 @@ def _serve(conn: Any, kwargs: dict[str, Any], model: str, max_tokens: int, tempe
             measuring[0] = True
             continue
         prompt, seed = request
-        params = SamplingParams(temperature=temperature, seed=seed if temperature > 0 else None,
+        params = SamplingParams(temperature=temperature, seed=seed if temperature > 0 and seeded else None,
                                 max_tokens=max_tokens, ignore_eos=True)
         steps[0], forward[0] = 0, 0.0
         start = time.perf_counter()
@@ -158,6 +160,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--passes", type=int, default=2, help="times each prompt is run on each side")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="sampling temperature of every request (> 0: seeded, outputs not compared)")
+    p.add_argument("--unseeded", action="store_true", help="sampled requests carry no seed")
     p.add_argument("--output", type=Path, default=None, help="JSON record path")
     ns = p.parse_args(argv)
     for spec in (ns.a, ns.b):
@@ -187,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     for spec in (ns.a, ns.b):               # started one after the other: never two warm-ups at once
         parent, child = ctx.Pipe()
         proc = ctx.Process(target=_serve, args=(child, resolved(engine_kwargs(spec)), model, ns.max_tokens,
-                                                     ns.temperature),
+                                                     ns.temperature, not ns.unseeded),
                            daemon=True)
         proc.start()
         child.close()                       # the child's end lives in the child: its exit means EOF here
@@ -235,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
               # {rows: [calls, mean ms]}
               "a_forward_by_rows": {r: [n, 1e3 * t / n] for r, (n, t) in forward_by_rows[0].items()},
               "b_forward_by_rows": {r: [n, 1e3 * t / n] for r, (n, t) in forward_by_rows[1].items()},
-              "temperature": ns.temperature,
+              "temperature": ns.temperature, "seeded": ns.temperature > 0 and not ns.unseeded,
               # greedy: must be equal; sampled: counted for information (see the module docstring)
               "outputs_equal": mismatches == 0, "mismatched_pairs": mismatches}
     for side, spec in (("a", ns.a), ("b", ns.b)):

@@ -8,6 +8,7 @@ the code-LM fixture, 16 held-out prompts x 128 tokens at concurrency 1, greedy.
     .venv/bin/python benchmarks/profile_offline.py demo/lookup-trie-tree 8 --dump /tmp/ltt8.prof  # keep the stats
     .venv/bin/python benchmarks/profile_offline.py '{"drafter": {"type": "lookup_trie", "path": "fixture:stdlib-3gram"}}' 16   # inline config
     .venv/bin/python benchmarks/profile_offline.py demo/lookup-trie-distilled 32 --temperature 0.7  # sampled, seeded
+    .venv/bin/python benchmarks/profile_offline.py lookup-online 24 --temperature 0.7 --unseeded  # sampled, no seed
 
 Prints tokens/s and the treespec / model functions by cumulative time (ms per engine step is
 cumulative / steps); with --no-profile, tokens/s and process CPU seconds of 3 passes.
@@ -47,7 +48,7 @@ def main(argv: list[str]) -> int:
     llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=1024, seed=0, **kw)
     prompts = held_out_prompts(16, seed=0)
     temperature = float(argv[argv.index("--temperature") + 1]) if "--temperature" in argv else 0.0
-    params = SamplingParams(temperature=temperature, seed=0 if temperature > 0 else None,
+    params = SamplingParams(temperature=temperature, seed=0 if temperature > 0 and "--unseeded" not in argv else None,
                             max_tokens=128, ignore_eos=True)
     llm.generate(prompts[:2], params, use_tqdm=False)          # warm-up
     prof = cProfile.Profile()
