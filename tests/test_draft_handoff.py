@@ -67,10 +67,13 @@ def test_attached_drafts_survive_the_queue_and_replace_the_rpc():
 
 
 def test_nothing_drafted_is_answered_without_rpc():
-    executor = _Executor([attach_drafts(_Runner(None), _output())])
-    sample, take = _patched(executor)
-    sample()
-    assert take() is None and executor.rpc_calls == 0
+    """No drafts (None, or an empty list for every request) reach the engine core as None, so
+    its post_step skips the scheduler's update loop."""
+    for drafts in (None, DraftTokenIds(["a", "b"], [[], []])):
+        executor = _Executor([attach_drafts(_Runner(drafts), _output())])
+        sample, take = _patched(executor)
+        sample()
+        assert take() is None and executor.rpc_calls == 0
 
 
 def test_outputs_without_drafts_keep_vllms_path():

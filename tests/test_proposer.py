@@ -310,3 +310,29 @@ def test_confidence_mode_leaves_sampled_requests_on_their_own_history():
     assert p.propose_step(runner, _sched(), [[3]] * 2) == [[9, 1, 2, 3]] * 2     # optimistic / class prior
     assert all(p.requests[r].rated is None and p.requests[r].gain.waited is None for r in ids)
     assert p.requests["seeded"].seeded_sampled and p.requests["unseeded"].gain_class == "T0.8"
+
+
+def test_a_stopped_request_waits_without_its_per_step_checks(monkeypatch):
+    """A request that budget.gain stopped and that waits for its probe is settled first: its
+    blocker, room and reach are not looked up that step (most of a sampled batch waits), and
+    its wait is counted once."""
+    from vllm import SamplingParams
+
+    from vllm_treespec.engine.proposer import TreeProposer
+    from vllm_treespec.engine.request_table import RequestTable
+
+    p = TreeProposer(_vllm_config(k=4, treespec={"drafter": {"type": "prompt_lookup"},
+                                                 "budget": {"gain": {"enabled": True}}}))
+    runner = _runner([[1, 2, 3, 9, 1, 2, 3]], ["s"])
+    runner.requests = {"s": SimpleNamespace(sampling_params=SamplingParams(temperature=0.8), output_token_ids=[1])}
+    p.propose_step(runner, _sched(), [[3]])                       # first decision: its state is made
+    record = p.requests["s"].gain
+    record.waited, record.interval, record.probed = 0, 64, False  # stopped, its probe far away
+    looked_up = []
+    blocker = RequestTable.blocker
+    monkeypatch.setattr(RequestTable, "blocker", lambda self, r, rn: looked_up.append(r) or blocker(self, r, rn))
+    assert p.propose_step(runner, _sched(), [[3]]) == [[]]
+    assert looked_up == [] and record.waited == 1
+    record.waited, record.interval = None, None                   # not stopped: checked as before
+    p.propose_step(runner, _sched(), [[3]])
+    assert looked_up == ["s"]

@@ -404,17 +404,11 @@ class GainControl:
         computed only if this request's decision needs them); `cls`: an unseeded request's sampling class (its prior and probe interval are
         the class's; ignored for seeded sampled requests, which depend on nothing but themselves)."""
         cap = min(int(cap), self.max_depth)
-        if cap <= 0 or (self.calibrating and not seeded_sampled):
+        if cap <= 0:
             return GainDecision(0)
-        if record.waited is not None and not record.probed:
-            # stopped and nothing new about it since: it waits for its probe without re-deciding
-            # (a stopped request learns only from probes, so re-deciding it would cost a reach
-            # computation per request and step for nothing)
-            waited = record.waited + 1
-            if not self._due(waited, record.interval if record.interval is not None else self.probe_every,
-                             seeded_sampled):
-                record.waited = waited
-                return GainDecision(0)
+        settled = self.decide_without_cap(record, seeded_sampled)
+        if settled is not None:
+            return settled
         prior = None
         if seeded_sampled:
             row_cost, request_cost = self.fixed_row_cost, self.fixed_request_cost
@@ -451,6 +445,25 @@ class GainControl:
             return GainDecision(min(cap, self.probe_nodes), probe=True)
         record.waited = waited
         return GainDecision(0)
+
+    def decide_without_cap(self, record: GainRecord, seeded_sampled: bool = False) -> GainDecision | None:
+        """The request's decision when it needs neither its cap nor the step's costs, else None:
+        no draft in a calibration step (unseeded), or stopped and waiting for its probe (its
+        wait is counted). Callers ask this first to skip a waiting request's other per-step
+        checks (most requests of a sampled batch wait); a None leaves the record as it was, so
+        `decide`, which asks too, decides it as if unasked."""
+        if self.calibrating and not seeded_sampled:
+            return GainDecision(0)
+        if record.waited is not None and not record.probed:
+            # stopped and nothing new about it since: it waits for its probe without re-deciding
+            # (a stopped request learns only from probes, so re-deciding it would cost a reach
+            # computation per request and step for nothing)
+            waited = record.waited + 1
+            if not self._due(waited, record.interval if record.interval is not None else self.probe_every,
+                             seeded_sampled):
+                record.waited = waited
+                return GainDecision(0)
+        return None
 
     def decide_rated(self, records: Sequence[GainRecord], worth: np.ndarray, depths: np.ndarray,
                      offsets: np.ndarray, costs: GainCosts) -> list[GainDecision]:

@@ -106,6 +106,15 @@ class BudgetControl:
             if not cap:
                 continue
             req_id = req_ids[i]
+            known = requests.get(req_id)
+            if self.gain is not None and known is not None and known.gain is not None:
+                # decided before: if it is waiting for a probe (or the step calibrates) nothing
+                # else about it matters this step; its blocker was None when it was decided
+                settled = self.gain.decide_without_cap(known.gain, known.seeded_sampled)
+                if settled is not None:
+                    caps[i] = 0
+                    decided[i] = settled
+                    continue
             reason = requests.blocker(req_id, runner)
             st = requests[req_id]
             if reason is not None:

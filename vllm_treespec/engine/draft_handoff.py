@@ -39,7 +39,13 @@ def attach_drafts(runner: Any, output: Any) -> Any:
     from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 
     if type(output) is ModelRunnerOutput and output is not EMPTY_MODEL_RUNNER_OUTPUT:
-        setattr(output, ATTR, take_drafts(runner))
+        drafts = take_drafts(runner)
+        if drafts is not None and not any(drafts.draft_token_ids):
+            # nobody drafted: the engine core then skips `update_draft_token_ids`, a loop over
+            # every request that would only set what scheduling the step already cleared
+            # (`Scheduler.schedule` empties each scheduled request's spec_token_ids)
+            drafts = None
+        setattr(output, ATTR, drafts)
     return output
 
 
