@@ -61,6 +61,7 @@ import treespec_fixtures  # noqa: F401  (fixture: paths and demo/ presets, here 
 import argparse
 import datetime as dt
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -392,6 +393,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=1, help="repeat the matrix (more paired batches per cell)")
     p.add_argument("--idle-gap", type=float, default=1.5,
                    help="seconds of idle after every turn (vLLM's shm readers spin 1 s after a read)")
+    p.add_argument("--pin-frontend", action="store_true",
+                   help="after each server starts, move its API server and engine core (and this "
+                        "client) onto the cores its CPU worker leaves (harness.serving.pin_frontend)")
     p.add_argument("--seed", type=int, default=0, help="prompt sampling seed")
     p.add_argument("--shared-prompts", action="store_true",
                    help="the same prompts in every cell and round (default: fresh prompts per cell and round)")
@@ -428,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     from unseen_prompts import build_prompts, describe, prompts_sha256
     from treespec_fixtures.prebuild import prebuild_engine_fixtures
     from harness.report import hardware_info, hardware_line, software_info
-    from harness.serving import CPU_SERVE_ARGS, run_load, scrape_spec_metrics, serve
+    from harness.serving import CPU_SERVE_ARGS, pin_frontend, run_load, scrape_spec_metrics, serve
 
     ns = parse_args(argv)
     configs: list[MatrixConfig] = ns.matrix_configs
@@ -472,6 +476,10 @@ def main(argv: list[str] | None = None) -> int:
             servers.append(stack.enter_context(serve(model_dir, c.args, base_args=base_args)))
             servers_info.append({"spec": c.spec, "label": c.label, "args": list(c.args),
                                  "startup_s": round(time.monotonic() - t0, 1), "dtype": server_dtype(servers[-1])})
+            if ns.pin_frontend:
+                servers_info[-1]["cores"] = pin_frontend(servers[-1])
+        if ns.pin_frontend:     # the client too, once every server has started with all cores
+            os.sched_setaffinity(0, servers_info[0]["cores"]["frontend"])
         for c, s, info in zip(configs, servers, servers_info):
             for t in sorted(set(ns.temperatures)):
                 run_load(s, warmup, max_tokens=WARMUP_MAX_TOKENS, concurrency=n_warm, temperature=t)
@@ -572,6 +580,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"configs": [c.spec for c in configs], "num_prompts": ns.num_prompts,
                      "max_tokens": ns.max_tokens, "concurrencies": ns.concurrency,
                      "temperatures": ns.temperatures, "rounds": ns.rounds, "idle_gap_s": ns.idle_gap,
+                     "pin_frontend": ns.pin_frontend,
                      "seed": ns.seed, "shared_prompts": ns.shared_prompts, "ignore_eos": True,
                      "batch_rule": "max(8, 2 x concurrency), at most --num-prompts; order rotates by one per batch",
                      "warmup": {"prompts": n_warm, "max_tokens": WARMUP_MAX_TOKENS,

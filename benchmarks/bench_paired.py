@@ -17,7 +17,14 @@ and the ratio of summed times is the paired speedup. Greedy outputs are compared
 A config is `off`, `ngram:K` (vLLM's ngram, n-gram range 1..4), `vllm-draft:K` (vLLM's own
 linear `draft_model` method with the draft-LM fixture) or `TREESPEC:K`, TREESPEC being
 a preset name, a YAML path or an inline JSON mapping (the `treespec` value of additional_config).
-Engine steps are counted per prompt (prefill included: one step per prompt), so the record
+With --concurrency N each turn submits N prompts together (the engine batches them, as with N
+clients arriving at once) and a pair is one such batch on each side: the engine's own throughput
+at that batch size, without the OpenAI server and the client that share the two cores in
+`bench_matrix.py` (whose identical servers read 0.65-1.06x of each other per cell, where this
+reads within 1%: docs/never-slower.md section 4). --unseen takes the prompts from
+benchmarks/unseen_prompts.py (third-party function heads) instead of the held-out stdlib text.
+
+Engine steps are counted per turn (prefill included), so the record
 splits the speedup into tokens per step and milliseconds per step, and the step into the
 target model's forward and the rest (scheduling, drafting, verification); forward calls are
 also binned by their query rows (what each extra verified row costs). Writes a JSON record
@@ -88,8 +95,8 @@ def resolved(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def _serve(conn: Any, kwargs: dict[str, Any], model: str, max_tokens: int, temperature: float,
            seeded: bool = True) -> None:
-    """Child process: one engine; answers (prompt, seed) with (seconds, token ids, steps,
-    forward seconds) until None."""
+    """Child process: one engine; answers (prompts, seeds) with (seconds, token ids per prompt,
+    steps, forward seconds) until None. The prompts of one request are submitted together."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
@@ -128,13 +135,14 @@ def _serve(conn: Any, kwargs: dict[str, Any], model: str, max_tokens: int, tempe
         if request == "measure":                # warm-up done: count forwards by rows from now on
             measuring[0] = True
             continue
-        prompt, seed = request
-        params = SamplingParams(temperature=temperature, seed=seed if temperature > 0 and seeded else None,
-                                max_tokens=max_tokens, ignore_eos=True)
+        batch, seeds = request
+        params = [SamplingParams(temperature=temperature, seed=seed if temperature > 0 and seeded else None,
+                                 max_tokens=max_tokens, ignore_eos=True) for seed in seeds]
         steps[0], forward[0] = 0, 0.0
         start = time.perf_counter()
-        out = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
-        conn.send((time.perf_counter() - start, list(out), steps[0], forward[0]))
+        outs = llm.generate(batch, params, use_tqdm=False)
+        conn.send((time.perf_counter() - start, [list(o.outputs[0].token_ids) for o in outs], steps[0],
+                   forward[0]))
     conn.send({rows: (n, seconds) for rows, (n, seconds) in sorted(by_rows.items())})
 
 
@@ -161,6 +169,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=0.0,
                    help="sampling temperature of every request (> 0: seeded, outputs not compared)")
     p.add_argument("--unseeded", action="store_true", help="sampled requests carry no seed")
+    p.add_argument("--concurrency", type=int, default=1,
+                   help="prompts submitted together in each turn (the engine batches them, as with "
+                        "that many clients arriving at once); a pair is one such batch on each side")
+    p.add_argument("--unseen", action="store_true",
+                   help="prompts from benchmarks/unseen_prompts.py (function heads of third-party "
+                        "packages) instead of the fixtures' held-out stdlib text")
     p.add_argument("--output", type=Path, default=None, help="JSON record path")
     ns = p.parse_args(argv)
     for spec in (ns.a, ns.b):
@@ -168,6 +182,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             check_spec(spec)
         except (ValueError, json.JSONDecodeError) as e:    # ConfigError is a ValueError
             p.error(str(e))
+    if ns.concurrency < 1:
+        p.error(f"--concurrency must be at least 1, got {ns.concurrency}")
     if ns.passes < 1:
         p.error(f"--passes must be at least 1, got {ns.passes}")
     if ns.temperature < 0:
@@ -184,7 +200,14 @@ def main(argv: list[str] | None = None) -> int:
     model = str(build_fixture(ns.fixture))
     for spec in (ns.a, ns.b):               # here, on every core, not in a core-pinned worker
         prebuild_engine_fixtures(engine_kwargs(spec), model)
-    prompts = held_out_prompts(ns.num_prompts, seed=0)
+    if ns.unseen:
+        from unseen_prompts import build_prompts
+
+        prompts = [p.text for p in build_prompts(ns.num_prompts, seed=0)]
+    else:
+        prompts = held_out_prompts(ns.num_prompts, seed=0)
+    n = ns.concurrency
+    batches = [prompts[i:i + n] for i in range(0, len(prompts), n)]
     ctx = mp.get_context("spawn")
     sides = []
     for spec in (ns.a, ns.b):               # started one after the other: never two warm-ups at once
@@ -198,23 +221,25 @@ def main(argv: list[str] | None = None) -> int:
         if _receive(sides[-1]) != "ready":
             raise RuntimeError(f"engine for {spec!r} did not start")
 
-    def run(side: int, prompt: str, seed: int) -> tuple[float, list[int], int, float]:
-        sides[side][0].send((prompt, seed))
+    def run(side: int, batch: list[str], seeds: list[int]) -> tuple[float, list[list[int]], int, float]:
+        sides[side][0].send((batch, seeds))
         return _receive(sides[side])
 
-    for p in prompts[:2]:                   # warm-up, both sides
-        run(0, p, 0), run(1, p, 0)
+    for b in batches[:2]:                   # warm-up, both sides
+        run(0, b, [0] * len(b)), run(1, b, [0] * len(b))
     for conn, _, _ in sides:
         conn.send("measure")
-    pairs, mismatches = [], 0
-    for i in range(ns.passes * len(prompts)):
-        prompt = prompts[i % len(prompts)]
+    pairs, mismatches, outputs = [], 0, 0
+    for i in range(ns.passes * len(batches)):
+        k = i % len(batches)
+        batch, seeds = batches[k], [i * n + j for j in range(len(batches[k]))]
         first = i % 2
-        got = {first: run(first, prompt, i)}
-        got[1 - first] = run(1 - first, prompt, i)
-        mismatches += got[0][1] != got[1][1]
-        pairs.append({"prompt": i % len(prompts), "a_s": got[0][0], "b_s": got[1][0], "a_first": first == 0,
-                      "a_steps": got[0][2], "b_steps": got[1][2],
+        got = {first: run(first, batch, seeds)}
+        got[1 - first] = run(1 - first, batch, seeds)
+        mismatches += sum(x != y for x, y in zip(got[0][1], got[1][1]))
+        outputs += len(batch)
+        pairs.append({"prompt": k * n, "prompts": len(batch), "a_s": got[0][0], "b_s": got[1][0],
+                      "a_first": first == 0, "a_steps": got[0][2], "b_steps": got[1][2],
                       "a_forward_s": got[0][3], "b_forward_s": got[1][3]})
     forward_by_rows = []
     for side in sides:
@@ -222,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         forward_by_rows.append(_receive(side))
         side[1].join(timeout=60)
     ta, tb = sum(x["a_s"] for x in pairs), sum(x["b_s"] for x in pairs)
-    tokens = ns.max_tokens * len(pairs)
+    tokens = ns.max_tokens * outputs
     per_pair = [x["a_s"] / x["b_s"] for x in pairs]
     sa, sb = sum(x["a_steps"] for x in pairs), sum(x["b_steps"] for x in pairs)
     result = {"a": ns.a, "b": ns.b, "a_tokens_per_s": tokens / ta, "b_tokens_per_s": tokens / tb,
@@ -248,13 +273,14 @@ def main(argv: list[str] | None = None) -> int:
     print(
           f"B/A = {result['speedup_b_over_a']:.3f} (per-pair median {result['pair_ratio_median']:.3f}, "
           f"range {result['pair_ratio_min']:.2f}-{result['pair_ratio_max']:.2f}); "
-          f"{'greedy' if ns.temperature == 0 else 'sampled'} outputs equal in {len(pairs) - mismatches}/{len(pairs)} pairs")
+          f"{'greedy' if ns.temperature == 0 else 'sampled'} outputs equal in {outputs - mismatches}/{outputs}")
     if ns.output is not None:
         from harness.report import git_commit, hardware_info, software_info
 
         ns.output.write_text(json.dumps({"benchmark": "bench_paired", "hardware": hardware_info(),
                                          "software": software_info(), "commit": git_commit(),
                                          "fixture": ns.fixture, "prompts": ns.num_prompts,
+                                         "concurrency": ns.concurrency, "unseen_prompts": ns.unseen,
                                          "max_tokens": ns.max_tokens, "passes": ns.passes,
                                          **result, "pairs": pairs}, indent=1))
         print(f"wrote {ns.output}")

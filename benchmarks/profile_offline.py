@@ -9,6 +9,8 @@ the code-LM fixture, 16 held-out prompts x 128 tokens at concurrency 1, greedy.
     .venv/bin/python benchmarks/profile_offline.py '{"drafter": {"type": "lookup_trie", "path": "fixture:stdlib-3gram"}}' 16   # inline config
     .venv/bin/python benchmarks/profile_offline.py demo/lookup-trie-distilled 32 --temperature 0.7  # sampled, seeded
     .venv/bin/python benchmarks/profile_offline.py lookup-online 24 --temperature 0.7 --unseeded  # sampled, no seed
+    .venv/bin/python benchmarks/profile_offline.py lookup-online 24 --temperature 0.7 --unseeded --concurrency 32
+        # 64 prompts submitted 32 at a time (the engine batches them)
 
 Prints tokens/s and the treespec / model functions by cumulative time (ms per engine step is
 cumulative / steps); with --no-profile, tokens/s and process CPU seconds of 3 passes.
@@ -46,7 +48,9 @@ def main(argv: list[str]) -> int:
     model = str(build_fixture("code-lm"))
     prebuild_engine_fixtures(kw, model)                         # on every core, not in the pinned worker
     llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=1024, seed=0, **kw)
-    prompts = held_out_prompts(16, seed=0)
+    concurrency = int(argv[argv.index("--concurrency") + 1]) if "--concurrency" in argv else 1
+    num_prompts = 16 if concurrency == 1 else 2 * concurrency
+    prompts = held_out_prompts(num_prompts, seed=0)
     temperature = float(argv[argv.index("--temperature") + 1]) if "--temperature" in argv else 0.0
     params = SamplingParams(temperature=temperature, seed=0 if temperature > 0 and "--unseeded" not in argv else None,
                             max_tokens=128, ignore_eos=True)
@@ -56,12 +60,12 @@ def main(argv: list[str]) -> int:
         start, cpu = time.perf_counter(), time.process_time()
         if profile:
             prof.enable()
-        for p in prompts:
-            llm.generate([p], params, use_tqdm=False)
+        for i in range(0, num_prompts, concurrency):
+            llm.generate(prompts[i:i + concurrency], params, use_tqdm=False)
         if profile:
             prof.disable()
         wall = time.perf_counter() - start
-        print(f"{mode} K={k}: {16 * 128 / wall:.1f} tok/s, {time.process_time() - cpu:.2f} CPU s", flush=True)
+        print(f"{mode} K={k}: {num_prompts * 128 / wall:.1f} tok/s, {time.process_time() - cpu:.2f} CPU s", flush=True)
     if profile:
         if "--dump" in argv:                                    # raw stats for pstats / snakeviz
             prof.dump_stats(argv[argv.index("--dump") + 1])

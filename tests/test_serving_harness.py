@@ -254,6 +254,7 @@ def test_bench_paired_resolves_vllm_draft_fixtures_only(monkeypatch, tmp_path):
     (["--b", "lookup-trie"], "expected off, ngram:K, vllm-draft:K or TREESPEC:K"),
     (["--a", "ngram:x"], "expected off, ngram:K, vllm-draft:K or TREESPEC:K"),
     (["--passes", "0"], "--passes must be at least 1, got 0"),
+    (["--concurrency", "0"], "--concurrency must be at least 1, got 0"),
     (["--temperature", "-0.5"], "--temperature must be >= 0 (0 = greedy), got -0.5"),
     (["--b", '{"drafter": {"type": "lookup_trie", "path": "fixture:stdlib-3gram", "trie": "x"}}:4'], "drafter.trie: unknown key"),
     (["--a", "no-such-preset:4"], "no-such-preset"),
@@ -282,3 +283,39 @@ def _exit_at_once(conn) -> None:
     import sys
 
     sys.exit(3)
+
+
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_pin_frontend_moves_everything_but_the_bound_worker(tmp_path):
+    """A stand-in server group: a leader (the API server) and a child bound to one core (the
+    OpenMP-bound worker). The leader moves to the other cores, the child keeps its core."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from harness.serving import Server, group_processes, pin_frontend
+
+    cores = sorted(os.sched_getaffinity(0))
+    ready = tmp_path / "ready"
+    child = tmp_path / "child.py"
+    child.write_text(f"import os, time\nos.sched_setaffinity(0, {{{cores[0]}}})\n"
+                     f"open({str(ready)!r}, 'w').close()\ntime.sleep(60)\n")
+    parent = tmp_path / "leader.py"
+    parent.write_text(f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, {str(child)!r}])\n"
+                      "time.sleep(60)\n")
+    leader = subprocess.Popen([sys.executable, str(parent)], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        server = Server("http://127.0.0.1:1", "m", tmp_path / "log", leader)
+        pids = group_processes(server)
+        assert leader.pid in pids and len(pids) == 2
+        assert pin_frontend(server) == {"worker": [cores[0]], "frontend": cores[1:]}
+        child = next(p for p in pids if p != leader.pid)
+        assert os.sched_getaffinity(leader.pid) == set(cores[1:])
+        assert os.sched_getaffinity(child) == {cores[0]}
+    finally:
+        os.killpg(leader.pid, 9)
+        leader.wait()

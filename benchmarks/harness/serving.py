@@ -149,6 +149,50 @@ def serve(model_dir: str | os.PathLike, extra_args: Sequence[str] = (), *,
             log_path.unlink(missing_ok=True)
 
 
+def group_processes(server: Server) -> list[int]:
+    """Pids of the server's process group (API server, engine core, worker, helpers)."""
+    pgid = os.getpgid(server.proc.pid)
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getpgid(int(entry.name)) == pgid:
+                    pids.append(int(entry.name))
+            except (ProcessLookupError, PermissionError):
+                continue
+    return sorted(pids)
+
+
+def pin_frontend(server: Server) -> dict[str, list[int]]:
+    """Move every process of the server but its CPU worker onto the cores the worker leaves.
+
+    vLLM's CPU worker binds its OpenMP threads to the cores it computes on and reserves the
+    rest "for the scheduler process" (utils/ompmultiprocessing.py: on this 2-core VM, core 0
+    for the worker, core 1 reserved), but nothing keeps the API server and the engine core off
+    the worker's core: the kernel places them, and in a synchronous step the engine core spins
+    while it waits for the worker (shm_broadcast's SpinCondition). Where they land moves from
+    run to run. Pinned, the worker has its core to itself. Returns {"worker": cores,
+    "frontend": cores}; a server whose worker holds every allowed core is left as it is."""
+    allowed = os.sched_getaffinity(server.proc.pid)      # the API server's, as it started
+    pids = group_processes(server)
+    worker_cores: set[int] = set()
+    for pid in pids:
+        cores = os.sched_getaffinity(pid)
+        if cores < allowed:                 # bound to a subset: the OpenMP-bound worker
+            worker_cores |= cores
+    frontend = allowed - worker_cores
+    if not worker_cores or not frontend:
+        return {"worker": sorted(worker_cores), "frontend": sorted(allowed)}
+    for pid in pids:
+        if os.sched_getaffinity(pid) & worker_cores and os.sched_getaffinity(pid) != worker_cores:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                try:
+                    os.sched_setaffinity(int(tid), frontend)
+                except (ProcessLookupError, PermissionError):
+                    continue
+    return {"worker": sorted(worker_cores), "frontend": sorted(frontend)}
+
+
 def _wait_healthy(server: Server, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
