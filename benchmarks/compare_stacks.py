@@ -23,27 +23,15 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from profile_serving import inclusive_counts
+
 FORWARD = "GPUModelRunner._model_forward"
-_FRAME = re.compile(r"(.*?) \((.*?):\d+\)$")
-
-
-def frame_name(frame: str) -> str:
-    """'func (path/to/file.py:123)' -> 'func (file.py)': lines merged, paths shortened."""
-    m = _FRAME.match(frame)
-    return f"{m.group(1)} ({m.group(2).rsplit('/', 1)[-1]})" if m else frame
 
 
 def inclusive_samples(path: Path) -> Counter:
-    """Samples per function, each counted once per stack it appears in (py-spy `-f raw`: one
-    'frame;frame;... count' line per distinct stack)."""
-    counts: Counter = Counter()
-    for line in path.read_text().splitlines():
-        stack, _, n = line.rstrip().rpartition(" ")
-        if not stack or not n.isdigit():
-            continue
-        for name in {frame_name(f) for f in stack.split(";")}:
-            counts[name] += int(n)
-    return counts
+    """Samples per function ('func (file.py)'), each counted once per stack it appears in
+    (py-spy `-f raw`; profile_serving.inclusive_counts reads it)."""
+    return inclusive_counts(path.read_text())[0]
 
 
 def forward_samples(counts: Counter, path: Path) -> int:

@@ -48,21 +48,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+SINGLE_PROCESS = "(one process)"     # the process of stacks recorded without --subprocesses
+
+
 def inclusive_counts(raw: str) -> tuple[collections.Counter, dict[str, int]]:
     """Collapsed stacks ("proc;frame;frame count") -> samples per frame (counted once per stack) and
-    samples per process (the first frame, py-spy's process label)."""
+    samples per process (py-spy's process label, the innermost one; SINGLE_PROCESS for a stack
+    without one, as py-spy records a single process)."""
     frames: collections.Counter = collections.Counter()
     procs: dict[str, int] = collections.defaultdict(int)
     for line in raw.splitlines():
-        stack, _, count = line.rpartition(" ")
+        stack, _, count = line.rstrip().rpartition(" ")
         if not stack or not count.isdigit():
             continue
         n = int(count)
         parts = stack.split(";")
         marks = [i for i, p in enumerate(parts) if p.startswith("process ")]
-        inner = marks[-1] if marks else 0      # py-spy nests child processes under their parents
-        procs[_process_label(parts[inner])] += n
-        for frame in {_short(p) for p in parts[inner + 1:]}:     # recursion counts once
+        if marks:
+            inner = marks[-1]                  # py-spy nests child processes under their parents
+            procs[_process_label(parts[inner])] += n
+            parts = parts[inner + 1:]
+        else:
+            procs[SINGLE_PROCESS] += n
+        for frame in {_short(p) for p in parts}:     # recursion counts once
             frames[frame] += n
     return frames, procs
 
