@@ -174,17 +174,16 @@ def pin_frontend(server: Server) -> dict[str, list[int]]:
     run to run. Pinned, the worker has its core to itself. Returns {"worker": cores,
     "frontend": cores}; a server whose worker holds every allowed core is left as it is."""
     allowed = os.sched_getaffinity(server.proc.pid)      # the API server's, as it started
-    pids = group_processes(server)
+    affinity = {pid: os.sched_getaffinity(pid) for pid in group_processes(server)}
     worker_cores: set[int] = set()
-    for pid in pids:
-        cores = os.sched_getaffinity(pid)
+    for cores in affinity.values():
         if cores < allowed:                 # bound to a subset: the OpenMP-bound worker
             worker_cores |= cores
     frontend = allowed - worker_cores
     if not worker_cores or not frontend:
         return {"worker": sorted(worker_cores), "frontend": sorted(allowed)}
-    for pid in pids:
-        if os.sched_getaffinity(pid) & worker_cores and os.sched_getaffinity(pid) != worker_cores:
+    for pid, cores in affinity.items():
+        if cores & worker_cores and cores != worker_cores:
             for tid in os.listdir(f"/proc/{pid}/task"):
                 try:
                     os.sched_setaffinity(int(tid), frontend)
