@@ -417,3 +417,26 @@ def test_solve_small_matches_numpy():
         assert np.allclose(solve_small(a.tolist(), b.tolist()), np.linalg.solve(a, b))
     with pytest.raises(ValueError, match="singular"):
         solve_small([[0.0, 0.0], [0.0, 0.0]], [1.0, 1.0])
+
+
+def test_a_held_unseeded_request_sits_out_probe_every_steps():
+    """`hold`: an unseeded sampled request whose draft the step could not pay for is not decided
+    again for probe_every steps (its acceptance cannot change meanwhile), then decides as
+    before; a greedy request is not held over."""
+    from vllm_treespec.budget.gain import GainDecision, decision_kind
+
+    gain = _costed(4e-3, drafting=8)
+    reqs = _Requests(gain)
+    _learn(gain, reqs["s"], 16, 8)
+    _learn(gain, reqs["g"], 16, 8)
+    costs = gain.measured_costs()
+    first = gain.decide(reqs["s"], 16, costs=costs, cls="T0.7")
+    assert first.nodes > 0 and not gain.settle([first])
+    gain.hold(reqs["s"])
+    gain.hold(reqs["g"])
+    assert reqs["g"].held_for == 0
+    for _ in range(gain.probe_every):
+        waiting = gain.decide_without_cap(reqs["s"])
+        assert waiting == GainDecision(0, held=True) and decision_kind(waiting, False) == "held"
+    assert gain.decide_without_cap(reqs["s"]) is None
+    assert gain.decide(reqs["s"], 16, costs=costs, cls="T0.7") == first

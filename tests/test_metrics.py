@@ -252,3 +252,17 @@ def test_a_step_decided_without_costs_keeps_the_cost_gauges():
     assert registry.get_sample_value("treespec_gain_step_seconds", {MODEL_LABEL: "m", "part": "row"}) == 1e-4
     assert registry.get_sample_value("treespec_gain_decisions_total", {MODEL_LABEL: "m", "decision": "stopped"}) == 2
     assert stats.gain_decisions == {"draft": 1, "stopped": 2}
+
+
+def test_budgets_are_sampled_only_in_steps_in_which_a_request_may_draft():
+    """treespec_budget_nodes: one sample per decoding request in a step in which any may draft;
+    a step in which none may adds none (at 32 sampled clients, most steps), its draft time still
+    counted."""
+    registry = CollectorRegistry()
+    stats = TreeStats(8, metrics=TreeMetrics(registry, model_name="m"))
+    stats.observe_draft(0.001, [0, 0, 0], [])
+    assert registry.get_sample_value("treespec_budget_nodes_count", {MODEL_LABEL: "m"}) == 0.0
+    assert registry.get_sample_value("treespec_draft_seconds_count", {MODEL_LABEL: "m"}) == 1.0
+    stats.observe_draft(0.001, [0, 4, 0], [])
+    assert registry.get_sample_value("treespec_budget_nodes_count", {MODEL_LABEL: "m"}) == 3.0
+    assert registry.get_sample_value("treespec_budget_nodes_sum", {MODEL_LABEL: "m"}) == 4.0

@@ -336,3 +336,39 @@ def test_a_stopped_request_waits_without_its_per_step_checks(monkeypatch):
     record.waited, record.interval = None, None                   # not stopped: checked as before
     p.propose_step(runner, _sched(), [[3]])
     assert looked_up == ["s"]
+
+
+def test_an_unseeded_request_whose_draft_the_step_held_sits_out_the_next_steps(monkeypatch):
+    """A held draft (it pays for its own rows, not for the speculative step) leaves an unseeded
+    sampled request's acceptance unchanged, so it is not decided again at once: for the next
+    probe_every steps it sits out without its per-step checks (counted `held`), then decides
+    in full again. A greedy request held the same way decides again next step."""
+    from vllm import SamplingParams
+
+    from vllm_treespec.budget.gain import GainCosts
+    from vllm_treespec.engine.proposer import TreeProposer
+    from vllm_treespec.engine.request_table import RequestTable
+
+    p = TreeProposer(_vllm_config(k=4, treespec={"drafter": {"type": "prompt_lookup"},
+                                                 "budget": {"gain": {"enabled": True, "probe_every": 4}}}))
+    gain = p.budget.gain
+    gain.measured_costs = lambda: GainCosts(row=0.0, request=0.0, greedy_request=0.0)
+    gain.step_cost = lambda: 1e9                   # no draft can pay for a speculative step
+    ids = ["sampled", "greedy"]
+    runner = _runner([[1, 2, 3, 9, 1, 2, 3]] * 2, ids)
+    runner.requests = {r: SimpleNamespace(sampling_params=SamplingParams(temperature=t), output_token_ids=[1])
+                       for r, t in zip(ids, (0.7, 0.0))}
+    looked_up = []
+    blocker = RequestTable.blocker
+    monkeypatch.setattr(RequestTable, "blocker", lambda self, r, rn: looked_up.append(r) or blocker(self, r, rn))
+    assert p.propose_step(runner, _sched(), [[3]] * 2) == [[], []]      # both held
+    assert looked_up == ids and p.requests["sampled"].gain.held_for == 4
+    assert p.stats.gain_decisions["held"] == 2
+    for step in range(4):                                                # the sampled one sits out
+        looked_up.clear()
+        assert p.propose_step(runner, _sched(), [[3]] * 2) == [[], []]
+        assert looked_up == ["greedy"]
+    assert p.stats.gain_decisions["held"] == 2 + 4 * 2
+    looked_up.clear()
+    p.propose_step(runner, _sched(), [[3]] * 2)                          # then decides again
+    assert looked_up == ids and p.requests["sampled"].gain.held_for == 4

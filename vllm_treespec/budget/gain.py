@@ -19,7 +19,8 @@ and drafts n = the deepest d with reach(d) >= row_cost, if
                                                   requests also a share of the spec-step overhead)
 The speculative step's overhead (spec-decode metadata, tree acceptance for every request in it) is
 one cost for the whole step: the step goes speculative only if its drafts' summed net gain
-exceeds it (`settle`), otherwise they are held and the step is plain. A greedy request's decision
+exceeds it (`settle`), otherwise they are held and the step is plain (a held unseeded sampled
+request then sits out a few steps: `hold`). A greedy request's decision
 prices only its own rows and drafter time. Charging it a share of the overhead as well (the share
 of the last speculative step's drafters) fed on itself: when few drafted, each was charged more,
 so fewer drafted, and served at 8 greedy clients 80% of decisions were `stopped`
@@ -262,6 +263,7 @@ class GainRecord:
     probing: bool = False            # its last draft was a probe not yet verified
     probed: bool = False             # a probe of it was verified; its next decision judges it
     cls: str | None = None           # unseeded: its sampling class (its drafts feed the class's counts)
+    held_for: int = 0                # unseeded, its draft held back (`GainControl.hold`): steps it still sits out
 
 
 class GainCosts(NamedTuple):
@@ -279,6 +281,7 @@ class GainDecision:
     net: float = 0.0          # a draft that pays: its expected tokens minus its rows' cost (tokens)
     own: bool = False         # decided on the request's own history alone (seeded sampled)
     explore: bool = False     # kept by an exploration step, whatever rows cost (`begin_step`)
+    held: bool = False        # sitting out the steps after its draft was held back (`GainControl.hold`)
 
 
 GAIN_DECISIONS = ("draft", "probe", "stopped", "calibration", "held", "declined", "explore")
@@ -288,12 +291,14 @@ EXPLORE_WORTH = 0.5
 
 
 def decision_kind(decision: GainDecision, calibrating: bool) -> str:
-    """What a decision was, for counting: a draft that pays, a probe, a stopped request, or a
-    request held back by a calibration step (`held`, drafts the step could not pay for, and
-    `declined`, rated drafts none of whose nodes paid (`decide_rated`), are counted by the
-    caller)."""
+    """What a decision was, for counting: a draft that pays, a probe, a stopped request, a
+    request held back by a calibration step, or one sitting out the steps after a held draft
+    (`held`; the held drafts themselves, which the step could not pay for, and `declined`, rated
+    drafts none of whose nodes paid (`decide_rated`), are counted by the caller)."""
     if decision.probe:
         return "probe"
+    if decision.held:
+        return "held"
     if decision.explore:
         return "explore"
     if decision.nodes > 0:
@@ -450,10 +455,14 @@ class GainControl:
         """The request's decision when it needs neither its cap nor the step's costs, else None:
         no draft in a calibration step (unseeded), or stopped and waiting for its probe (its
         wait is counted). Callers ask this first to skip a waiting request's other per-step
-        checks (most requests of a sampled batch wait); a None leaves the record as it was, so
-        `decide`, which asks too, decides it as if unasked."""
+        checks (most requests of a sampled batch wait), or sitting out the steps after a held
+        draft (`hold`); a None leaves the record as it was, so `decide`, which asks too, decides
+        it as if unasked."""
         if self.calibrating and not seeded_sampled:
             return GainDecision(0)
+        if record.held_for > 0:
+            record.held_for -= 1
+            return GainDecision(0, held=True)
         if record.waited is not None and not record.probed:
             # stopped and nothing new about it since: it waits for its probe without re-deciding
             # (a stopped request learns only from probes, so re-deciding it would cost a reach
@@ -496,11 +505,23 @@ class GainControl:
         anyway (a probe, or a seeded request, which decides on its own history), its drafts go
         ahead only if their summed net gain (each net of its own costs) exceeds the whole
         overhead (times the margin); otherwise the caller holds them back and the step is a
-        plain one. The held requests keep their state and decide again next step."""
+        plain one. The held requests keep their state and decide again next step, except
+        unseeded sampled ones, which the caller `hold`s."""
         drafts = [d for d in decisions if d.nodes > 0]
         if not drafts or any(d.probe or d.own or d.explore for d in drafts):
             return True
         return sum(d.net for d in drafts) > self.margin * self.step_cost()
+
+    def hold(self, record: GainRecord) -> None:
+        """`settle` held this request's draft back. An unseeded sampled request then sits out
+        the next `probe_every` steps without deciding (`decide_without_cap`): while it does not
+        draft its acceptance cannot change, so each step would decide it in full (its reach and
+        the step's cost fit) only to hold it again. Served at one client and temperature 0.7,
+        that was a quarter of all decisions (docs/never-slower.md section 4). Greedy and seeded
+        requests decide again next step: a greedy request's drafts pay in whichever step the
+        others' make the step speculative, and a seeded one decides on its own history alone."""
+        if record.cls is not None:
+            record.held_for = self.probe_every
 
     def _due(self, waited: int, interval: int, seeded_sampled: bool) -> bool:
         """Is a stopped request's probe due? A probe makes its whole step speculative (tree

@@ -16,7 +16,7 @@ import torch
 
 from vllm_treespec.budget import make_budget_policy
 from vllm_treespec.budget.confidence import GREEDY_CLASS, DraftCalibration, batch_path_probs
-from vllm_treespec.budget.gain import GAIN_DECISIONS, GainControl, GainDecision, decision_kind
+from vllm_treespec.budget.gain import GAIN_DECISIONS, GainControl, GainDecision, GainRecord, decision_kind
 from vllm_treespec.budget.reach import ReachCap
 from vllm_treespec.config import TreespecConfig
 from vllm_treespec.engine.request_table import RequestTable
@@ -58,8 +58,8 @@ class BudgetControl:
         # drawn from a drafter's q (only sampled requests' are), so no q rows are cut with them
         self.calibration = DraftCalibration() if gain.enabled and gain.confidence else None
         # a step's gain decisions between `caps` and `rate_drafts` when some wait for their drafts:
-        # (decided per request index, this step's costs, the request indices that wait)
-        self._pending: tuple[dict[int, GainDecision | None], list[int]] | None = None
+        # (decided per request index, the records of those decided in full, the indices that wait)
+        self._pending: tuple[dict[int, GainDecision | None], dict[int, GainRecord], list[int]] | None = None
         # auto budgets depend on each rank's own timings: rank 0's choice is broadcast every step
         # so all tensor-parallel ranks draft the same trees
         self._sync = (config.budget.mode == "auto"
@@ -98,6 +98,7 @@ class BudgetControl:
         budget = min(budget, chosen)
         caps = [min(budget, max(self.max_model_len - t, 0)) if d else 0 for t, d in zip(lengths, decoding)]
         decided: dict[int, GainDecision | None] = {}   # budget.gain's decision per request index
+        records: dict[int, GainRecord] = {}            # ... and the state of those decided in full
         rated: list[int] = []          # request indices decided on their drafts (`rate_drafts`)
         self._pending = None
         if self.gain is not None:
@@ -132,14 +133,14 @@ class BudgetControl:
                 if self.calibration is not None and st.is_greedy and not self.gain.calibrating:
                     rated.append(i)
                     continue
-                decision = self.gain.decide(st.gain_record(self.gain), caps[i], st.seeded_sampled,
-                                            cls=st.gain_class)
+                records[i] = record = st.gain_record(self.gain)
+                decision = self.gain.decide(record, caps[i], st.seeded_sampled, cls=st.gain_class)
                 caps[i] = decision.nodes
                 decided[i] = decision
         if rated:
-            self._pending = (decided, rated)
+            self._pending = (decided, records, rated)
         elif decided:
-            self._settle(caps, decided)
+            self._settle(caps, decided, records)
         return caps, choice
 
     def rate_drafts(self, requests: RequestTable, req_ids: Sequence[str], proposal: Any,
@@ -150,7 +151,7 @@ class BudgetControl:
         pending, self._pending = self._pending, None
         if pending is None:
             return
-        decided, rated = pending
+        decided, records, rated = pending
         assert self.gain is not None and self.calibration is not None
         drafted = []                                  # request indices with a tree to rate
         for i in rated:
@@ -175,13 +176,14 @@ class BudgetControl:
                     proposal.trees[i] = tree.prefix(n)
                 if n:
                     st.rated = probs[start:start + n]
-        self._settle(caps, decided, rated, proposal, requests, req_ids)
+        self._settle(caps, decided, records, rated, proposal, requests, req_ids)
 
-    def _settle(self, caps: list[int], decided: dict[int, GainDecision | None],
+    def _settle(self, caps: list[int], decided: dict[int, GainDecision | None], records: dict[int, GainRecord],
                 rated: Sequence[int] = (), proposal: Any = None, requests: RequestTable | None = None,
                 req_ids: Sequence[str] = ()) -> None:
-        """Hold every draft back when together they do not pay for a speculative step, then count
-        the step's decisions (rated requests left with nothing: `declined`)."""
+        """Hold every draft back when together they do not pay for a speculative step (requests
+        decided in full, `records`, sit out the next steps if GainControl.hold says so), then
+        count the step's decisions (rated requests left with nothing: `declined`)."""
         assert self.gain is not None
         rated = set(rated)
         if not self.gain.settle([d for d in decided.values() if d is not None]):
@@ -189,6 +191,8 @@ class BudgetControl:
                 if decision is not None and decision.nodes > 0:
                     caps[i] = 0
                     decided[i] = None
+                    if i in records:
+                        self.gain.hold(records[i])
                     if i in rated:
                         proposal.trees[i] = proposal.trees[i].prefix(0)
                         requests.state(req_ids[i]).rated = None
