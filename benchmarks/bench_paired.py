@@ -30,6 +30,20 @@ target model's forward and the rest (scheduling, drafting, verification); forwar
 also binned by their query rows (what each extra verified row costs). Writes a JSON record
 (per-prompt seconds and steps of both sides included) with --output.
 
+Drift correction. The VM's speed moves each pair's ratio by up to +-30% (a turn run while the
+host is busy is slow throughout), and the two sides' forward times move with it, although
+both run the same model on the same rows when neither drafts. `drift_corrected_ratio` divides
+each side's time by its own forward time before taking the ratio: what is left is each
+config's work outside the forward per unit of forward, with the VM's speed cancelled. Its
+A/A pairs (`off` against `off`) read 0.995-1.006 where the raw ratio read 1.007-1.027, with a
+per-pair spread of about 1% instead of 10-20% (docs/never-slower.md section 4). It is
+meaningful where both sides verify about the same rows (sampled cells in which the default
+drafts nothing: equal tokens per step); there, a config's few extra rows (probes) count as VM
+speed and flatter it by their share of the forward (see `*_forward_by_rows`), and a config's
+own work inside the forward (an attention wrapper) counts as VM speed too, so a change that
+removes such work reads worse, not better: judge those by the raw ratio. Where one side
+verifies many more rows (greedy speculation), it measures overhead per forward, not speedup.
+
 With --temperature T > 0 every request samples (seeded per prompt and pass, the same seeds on
 both sides; --unseeded sends no seed, as served traffic mostly does: treespec then has no
 per-request stream to keep, see engine/plain_sampling.py). Speculation keeps the target's distribution, not its random stream, so outputs are
@@ -156,6 +170,18 @@ def _receive(side: tuple[Any, Any, str]) -> Any:
         raise RuntimeError(f"engine for {spec!r} exited (code {proc.exitcode}); its error is above") from None
 
 
+def drift_corrected(pairs: list[dict[str, Any]]) -> tuple[float | None, float | None]:
+    """(summed, per-pair median) B/A with each turn's seconds divided by its forward seconds
+    (module docstring); None where a record has no forward times."""
+    fa, fb = sum(x.get("a_forward_s", 0.0) for x in pairs), sum(x.get("b_forward_s", 0.0) for x in pairs)
+    per_pair = [(x["a_s"] / x["a_forward_s"]) / (x["b_s"] / x["b_forward_s"])
+                for x in pairs if x.get("a_forward_s", 0.0) > 0 and x.get("b_forward_s", 0.0) > 0]
+    if not (fa > 0 and fb > 0 and per_pair):
+        return None, None
+    ta, tb = sum(x["a_s"] for x in pairs), sum(x["b_s"] for x in pairs)
+    return (ta / fa) / (tb / fb), statistics.median(per_pair)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--a", default="ngram:12", help="reference config (default: vLLM ngram K=12)")
@@ -250,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     tokens = ns.max_tokens * outputs
     per_pair = [x["a_s"] / x["b_s"] for x in pairs]
     sa, sb = sum(x["a_steps"] for x in pairs), sum(x["b_steps"] for x in pairs)
+    fa, fb = sum(x["a_forward_s"] for x in pairs), sum(x["b_forward_s"] for x in pairs)
     result = {"a": ns.a, "b": ns.b, "a_tokens_per_s": tokens / ta, "b_tokens_per_s": tokens / tb,
               "speedup_b_over_a": ta / tb, "pair_ratio_median": statistics.median(per_pair),
               "pair_ratio_min": min(per_pair), "pair_ratio_max": max(per_pair),
@@ -257,12 +284,14 @@ def main(argv: list[str] | None = None) -> int:
               "a_tokens_per_step": tokens / sa, "b_tokens_per_step": tokens / sb,
               "a_ms_per_step": 1e3 * ta / sa, "b_ms_per_step": 1e3 * tb / sb,
               # of which the target model's forward; the rest is scheduling, drafting, sampling
-              "a_forward_ms_per_step": 1e3 * sum(x["a_forward_s"] for x in pairs) / sa,
-              "b_forward_ms_per_step": 1e3 * sum(x["b_forward_s"] for x in pairs) / sb,
+              "a_forward_ms_per_step": 1e3 * fa / sa, "b_forward_ms_per_step": 1e3 * fb / sb,
               # forward calls by query rows (1 = a step without drafts; large = prefills):
               # {rows: [calls, mean ms]}
               "a_forward_by_rows": {r: [n, 1e3 * t / n] for r, (n, t) in forward_by_rows[0].items()},
               "b_forward_by_rows": {r: [n, 1e3 * t / n] for r, (n, t) in forward_by_rows[1].items()},
+              # the same ratio with each turn's time divided by its own forward time: the
+              # forward as the yardstick of the VM's speed in that turn (module docstring)
+              **dict(zip(("drift_corrected_ratio", "drift_corrected_pair_median"), drift_corrected(pairs))),
               "temperature": ns.temperature, "seeded": ns.temperature > 0 and not ns.unseeded,
               # greedy: must be equal; sampled: counted for information (see the module docstring)
               "outputs_equal": mismatches == 0, "mismatched_pairs": mismatches}
@@ -274,6 +303,10 @@ def main(argv: list[str] | None = None) -> int:
           f"B/A = {result['speedup_b_over_a']:.3f} (per-pair median {result['pair_ratio_median']:.3f}, "
           f"range {result['pair_ratio_min']:.2f}-{result['pair_ratio_max']:.2f}); "
           f"{'greedy' if ns.temperature == 0 else 'sampled'} outputs equal in {outputs - mismatches}/{outputs}")
+    if result["drift_corrected_ratio"] is not None:
+        print(f"drift-corrected B/A = {result['drift_corrected_ratio']:.3f} "
+              f"(per-pair median {result['drift_corrected_pair_median']:.3f}); meaningful where both "
+              "sides verify the same rows (see the module docstring)")
     if ns.output is not None:
         from harness.report import git_commit, hardware_info, software_info
 

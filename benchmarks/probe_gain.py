@@ -64,8 +64,9 @@ def main(argv: list[str] | None = None) -> int:
         "rate_tokens_per_s": gain.cost.tokens_per_second(),
         "measured_costs_tokens": gain.measured_costs()._asdict(),
         "drafter_ms_per_drafting_request": 1e3 * gain._drafter_seconds,
-        "stats": {k: stats[k] for k in ("draft_ms_per_step", "mean_budget", "verify_ms_per_step",
-                                        "worker_step_ms", "verified_trees", "mean_accepted", "nodes_hist")},
+        "stats": {k: stats[k] for k in ("draft_steps", "draft_ms_per_step", "mean_budget", "verify_steps", "verify_ms_per_step",
+                                        "worker_step_ms", "verified_trees", "mean_accepted", "nodes_hist",
+                                        "gain_decisions")},
     }
     print(json.dumps(record, indent=1))
     if ns.output:

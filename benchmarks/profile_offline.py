@@ -13,7 +13,8 @@ the code-LM fixture, 16 held-out prompts x 128 tokens at concurrency 1, greedy.
         # 64 prompts submitted 32 at a time (the engine batches them)
 
 Prints tokens/s and the treespec / model functions by cumulative time (ms per engine step is
-cumulative / steps); with --no-profile, tokens/s and process CPU seconds of 3 passes.
+cumulative / steps); with --no-profile, tokens/s and process CPU seconds of 3 passes
+(`--passes N`: N passes either way, e.g. for a longer py-spy sample).
 """
 from __future__ import annotations
 
@@ -56,7 +57,8 @@ def main(argv: list[str]) -> int:
                             max_tokens=128, ignore_eos=True)
     llm.generate(prompts[:2], params, use_tqdm=False)          # warm-up
     prof = cProfile.Profile()
-    for _ in range(1 if profile else 3):
+    passes = int(argv[argv.index("--passes") + 1]) if "--passes" in argv else (1 if profile else 3)
+    for _ in range(passes):
         start, cpu = time.perf_counter(), time.process_time()
         if profile:
             prof.enable()

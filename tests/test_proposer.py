@@ -372,3 +372,30 @@ def test_an_unseeded_request_whose_draft_the_step_held_sits_out_the_next_steps(m
     looked_up.clear()
     p.propose_step(runner, _sched(), [[3]] * 2)                          # then decides again
     assert looked_up == ids and p.requests["sampled"].gain.held_for == 4
+
+
+def test_only_tree_deployments_replace_the_attention_backend(monkeypatch):
+    """A chain deployment leaves vLLM's attention backend alone (the tree wrapper would cost a
+    call per layer and step for nothing); one that drafts branching trees registers the tree
+    backend before the model is built. A branching tree that reaches a chain deployment's
+    verification anyway is refused, not verified on the causal kernel."""
+    import vllm_treespec.engine as engine
+    from vllm_treespec.engine import tree_attention_backend
+    from vllm_treespec.engine.proposer import TreeProposer
+    from vllm_treespec.tree import DraftTree
+
+    registered = []
+    monkeypatch.setattr(engine, "_tree_attention", False)
+    monkeypatch.setattr(tree_attention_backend, "register", lambda: registered.append(1))
+    chain = TreeProposer(_vllm_config(k=4, treespec="prompt-lookup"))
+    assert chain.config.tree.builder == "chain" and registered == []
+    TreeProposer(_vllm_config(k=4, treespec="prompt-lookup-tree"))
+    assert registered == [1]
+    TreeProposer(_vllm_config(k=4, treespec="prompt-lookup-tree"))     # once per process
+    assert registered == [1]
+
+    chain.requests.state("a").tree = DraftTree([7, 4, 5, 6], [-1, 0, 0, 2])   # branching
+    with pytest.raises(RuntimeError, match="branching tree under tree.builder chain"):
+        chain.plan_step(["a"], np.array([4]), {"a": [4, 5, 6]}, np.array([0, 4]), np.array([10]))
+    chain.requests.state("a").tree = DraftTree.chain(7, [4, 5])
+    assert chain.plan_step(["a"], np.array([3]), {"a": [4, 5]}, np.array([0, 3]), np.array([10])).attn is None

@@ -239,6 +239,22 @@ def test_bench_paired_config_specs():
         "method": "draft_model", "model": "fixture:draft-lm", "num_speculative_tokens": 4}
 
 
+def test_bench_paired_drift_correction_cancels_the_vms_speed():
+    """A turn run while the VM is slow is slow in its forward and outside it alike: dividing
+    each turn by its own forward leaves each side's work outside the forward per forward."""
+    bench = load_benchmark("bench_paired")
+
+    def pair(speed_a, speed_b, overhead_b=0.0):   # forward 1 s at speed 1; A spends 0.5 s outside it
+        return {"a_s": 1.5 / speed_a, "a_forward_s": 1.0 / speed_a,
+                "b_s": (1.5 + overhead_b) / speed_b, "b_forward_s": 1.0 / speed_b}
+
+    same = [pair(1.0, 0.7), pair(0.8, 1.2), pair(1.1, 1.0)]
+    assert bench.drift_corrected(same) == (pytest.approx(1.0), pytest.approx(1.0))
+    dearer = [pair(1.0, 0.7, 0.15), pair(0.8, 1.2, 0.15)]        # B spends 10% more per step
+    assert bench.drift_corrected(dearer)[0] == pytest.approx(1.5 / 1.65)
+    assert bench.drift_corrected([{"a_s": 1.0, "b_s": 1.0}]) == (None, None)   # no forward times
+
+
 def test_bench_paired_resolves_vllm_draft_fixtures_only(monkeypatch, tmp_path):
     bench = load_benchmark("bench_paired")
     from vllm_treespec.drafters.lm import loading

@@ -2,9 +2,12 @@
 
 `activate()` runs once per process, when a TreeProposer is constructed (inside the model
 runner's constructor, before the model and its attention layers are built): it checks the vLLM
-version, installs the runner patches from the explicit registry in `runner_patches` and
-registers the tree-aware attention backend: CPU_ATTN's replacement on CPU, TRITON_ATTN's on CUDA
-(engine/tree_attention_triton.py; engine/backend_choice.py makes tree deployments use it).
+version and installs the runner patches from the explicit registry in `runner_patches`.
+`activate_tree_attention()` runs there too, for deployments that draft branching trees (any
+tree.builder but chain): it registers the tree-aware attention backend, CPU_ATTN's replacement
+on CPU, TRITON_ATTN's on CUDA (engine/tree_attention_triton.py; engine/backend_choice.py makes
+tree deployments use it). A chain deployment keeps vLLM's backend untouched: its drafts need
+no mask beyond the causal one, and the wrapper would cost a call per layer and step.
 """
 from __future__ import annotations
 
@@ -29,6 +32,21 @@ def activate() -> None:
         from vllm_treespec.engine import request_options
 
         request_options.install()
+        _active = True
+        init_logger(f"vllm.{__name__}").info("vllm_treespec active on vLLM %s: %d runner patches installed",
+                    version, len(REGISTRY.patches))
+
+
+_tree_attention = False
+
+
+def activate_tree_attention() -> None:
+    """Register the tree-aware attention backend of this platform for the layers built from
+    now on (once per process)."""
+    global _tree_attention
+    with _lock:
+        if _tree_attention:
+            return
         from vllm.platforms import current_platform
 
         if current_platform.is_cpu():
@@ -39,6 +57,4 @@ def activate() -> None:
             from vllm_treespec.engine import tree_attention_triton
 
             tree_attention_triton.register()
-        _active = True
-        init_logger(f"vllm.{__name__}").info("vllm_treespec active on vLLM %s: %d runner patches installed",
-                    version, len(REGISTRY.patches))
+        _tree_attention = True

@@ -50,8 +50,10 @@ class TreeProposer:
         self.config: TreespecConfig = from_additional_config(vllm_config.additional_config, k)
         if self.config.tree.builder != "chain":
             # before the runner builds the model: its layers read the backend from this config
+            from vllm_treespec.engine import activate_tree_attention
             from vllm_treespec.engine.backend_choice import select_tree_backend
 
+            activate_tree_attention()
             select_tree_backend(vllm_config)
         self.node_budget = self.config.node_budget(k)
         model = vllm_config.model_config
@@ -172,6 +174,12 @@ class TreeProposer:
         self.plain_step = False
         step = plan_tree_step(batch_req_ids, num_scheduled, scheduled_drafts, self.requests.trees,
                               query_start_loc, num_computed, self.requests.draft_probs)
+        if step.attn is not None and self.config.tree.builder == "chain":
+            # the attention layers run vLLM's causal backend (engine.activate_tree_attention):
+            # verifying a branching tree on it would accept tokens the model did not predict
+            raise RuntimeError(
+                f"treespec: drafter {self.drafter.name!r} returned a branching tree under "
+                "tree.builder chain; chain deployments verify on vLLM's causal attention")
         self.committed.planned(step)
         return step
 

@@ -148,6 +148,8 @@ class RequestTable:
                       caps: Sequence[int]) -> list[list[int]]:
         """Keep each request's tree (and q rows) of this step, None for no drafts (`proposal`
         None: nobody drafted); count decode steps. Returns the draft tokens per request."""
+        if proposal is None:
+            return self._record_no_drafts(req_ids, decoding, caps)
         drafts: list[list[int]] = []
         probs = proposal.draft_probs if proposal is not None else {}
         for i, req_id in enumerate(req_ids):
@@ -162,6 +164,22 @@ class RequestTable:
                 st.drafted += tree.num_draft if has_drafts else 0
                 st.budget_given = caps[i]
         return drafts
+
+    def _record_no_drafts(self, req_ids: Sequence[str], decoding: Sequence[bool],
+                          caps: Sequence[int]) -> list[list[int]]:
+        """`record_drafts` for a step in which nobody drafted (most sampled steps), without its
+        per-request tree bookkeeping."""
+        states = self._states
+        for req_id, decodes, cap in zip(req_ids, decoding, caps):
+            st = states.get(req_id)
+            if decodes:
+                if st is None:
+                    st = states[req_id] = RequestState()
+                st.steps += 1
+                st.budget_given = cap
+            if st is not None and st.tree is not None:
+                st.tree = st.draft_probs = None
+        return [[] for _ in req_ids]
 
     def count_accepted(self, req_ids: Sequence[str], accepted: Sequence[int]) -> None:
         for req_id, a in zip(req_ids, accepted):

@@ -1,4 +1,5 @@
-"""Tree-aware CPU attention backend, registered in place of vLLM's CPU_ATTN (same name).
+"""Tree-aware CPU attention backend, registered in place of vLLM's CPU_ATTN (same name) by deployments
+that draft branching trees (engine.activate_tree_attention).
 
 vLLM 0.32.0 has no attention backend that takes a custom mask. This backend runs the stock CPU
 kernel for the whole batch (exact for prompts, plain decodes, chain-shaped drafts and the first

@@ -1,4 +1,5 @@
-"""Tree-aware Triton attention for CUDA, registered in place of vLLM's TRITON_ATTN (same name).
+"""Tree-aware Triton attention for CUDA, registered in place of vLLM's TRITON_ATTN (same name) by
+deployments that draft branching trees (engine.activate_tree_attention).
 
 As on CPU (engine/tree_attention_backend.py), vLLM's own kernel (`unified_attention`) runs for
 the whole batch unchanged: it is exact for prefills, plain decodes, chain-shaped drafts and the
