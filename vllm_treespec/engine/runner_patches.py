@@ -39,6 +39,8 @@ import time
 from typing import Any, Callable
 
 from vllm_treespec.engine.patch_registry import Patch, PatchRegistry
+from vllm_treespec.engine.runner_state import step_batch, step_query_start, step_slot_mapping
+from vllm_treespec.engine.tree_step import set_current_step
 
 RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 
@@ -65,8 +67,6 @@ def _publish_plan(proposer: Any, step: Any) -> None:
     attention backends, through the process global `tree_step.set_current_step`: vLLM constructs
     the backends' metadata builders and calls their forward with metadata it builds itself, so
     the plan cannot be handed to them along vLLM's metadata path."""
-    from vllm_treespec.engine.tree_step import set_current_step
-
     if proposer is not None:
         proposer.plan = step
     set_current_step(step)
@@ -99,8 +99,6 @@ def _wrap_update_states(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _wrap_prepare_inputs(original: Callable[..., Any]) -> Callable[..., Any]:
     def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
-        from vllm_treespec.engine.runner_state import step_batch, step_query_start, step_slot_mapping
-
         started = time.perf_counter()
         proposer = _tree_proposer(self)
         _publish_plan(proposer, None)
