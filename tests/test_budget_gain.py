@@ -440,3 +440,19 @@ def test_a_held_unseeded_request_sits_out_probe_every_steps():
         assert waiting == GainDecision(0, held=True) and decision_kind(waiting, False) == "held"
     assert gain.decide_without_cap(reqs["s"]) is None
     assert gain.decide(reqs["s"], 16, costs=costs, cls="T0.7") == first
+
+
+def test_a_class_prices_depths_its_drafts_never_reached_like_the_deepest_it_did():
+    """2-node probes never reach depth 3: the class's rate there is the one estimated above it,
+    not the optimistic constant prior (which made a sampled request's deep nodes look worth
+    drafting)."""
+    from vllm_treespec.budget.gain import ClassAcceptance
+
+    classes = ClassAcceptance(8, prior=0.8)
+    for i in range(300):
+        classes.observe("T0.7", 2, i % 3)          # accepted 0, 1, 2 of a 2-node draft
+    r = classes.rates("T0.7")
+    assert r[0] == pytest.approx(2 / 3, abs=0.03) and r[1] == pytest.approx(1 / 2, abs=0.03)
+    assert np.allclose(r[2:], r[1], atol=0.01)
+    classes.observe("T0.7", 2, 2)                  # a new observation is seen, not a cached rate
+    assert classes.rates("T0.7")[1] > r[1]

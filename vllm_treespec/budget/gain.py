@@ -233,6 +233,7 @@ class ClassAcceptance:
         self.max_depth, self.prior, self.prior_weight, self.decay = int(max_depth), float(prior), \
             float(prior_weight), float(decay)
         self._counts: dict[str, tuple[np.ndarray, np.ndarray]] = {}   # class -> (reached, accepted)
+        self._rates: dict[str, np.ndarray] = {}       # class -> rates(), until its next observation
 
     def observe(self, cls: str, depth: int, accepted: int) -> None:
         """One verified draft of a request of class `cls`: its deepest node and accepted length
@@ -242,14 +243,29 @@ class ClassAcceptance:
             counts = (np.zeros(self.max_depth), np.zeros(self.max_depth))
         if observe_depths(*counts, self.decay, depth, accepted):
             self._counts[cls] = counts
+            self._rates.pop(cls, None)
 
     def rates(self, cls: str) -> np.ndarray | None:
-        """float [max_depth] conditional acceptance at each depth; None before any observation."""
+        """float [max_depth] conditional acceptance at each depth; None before any observation.
+        A depth's prior is the rate estimated at the depth above it (the first depth's is
+        `prior`): depths the class's drafts rarely reach (a 2-node probe never reaches depth 3)
+        are assumed to accept like the deepest ones observed, not at the optimistic constant,
+        which priced a sampled request's deep nodes at 0.8 each and had it held (its draft
+        paying by its own estimate, not the step's) at one sampled client for most steps
+        (docs/never-slower.md section 4)."""
         counts = self._counts.get(cls)
         if counts is None:
             return None
-        reached, hit = counts
-        return (hit + self.prior * self.prior_weight) / (reached + self.prior_weight)
+        cached = self._rates.get(cls)
+        if cached is None:
+            reached, hit = counts
+            w = self.prior_weight
+            cached = np.empty(self.max_depth)
+            prior = self.prior
+            for d in range(self.max_depth):
+                prior = cached[d] = (hit[d] + prior * w) / (reached[d] + w)
+            self._rates[cls] = cached
+        return cached
 
 
 @dataclass(eq=False)
