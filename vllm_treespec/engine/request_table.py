@@ -151,9 +151,9 @@ class RequestTable:
         if proposal is None:
             return self._record_no_drafts(req_ids, decoding, caps)
         drafts: list[list[int]] = []
-        probs = proposal.draft_probs if proposal is not None else {}
+        probs = proposal.draft_probs
         for i, req_id in enumerate(req_ids):
-            tree = proposal.trees[i] if proposal is not None else None
+            tree = proposal.trees[i]
             has_drafts = tree is not None and tree.num_draft > 0
             st = self.state(req_id) if decoding[i] or has_drafts else self._states.get(req_id)
             if st is not None:
@@ -169,12 +169,9 @@ class RequestTable:
                           caps: Sequence[int]) -> list[list[int]]:
         """`record_drafts` for a step in which nobody drafted (most sampled steps), without its
         per-request tree bookkeeping."""
-        states = self._states
         for req_id, decodes, cap in zip(req_ids, decoding, caps):
-            st = states.get(req_id)
+            st = self.state(req_id) if decodes else self._states.get(req_id)
             if decodes:
-                if st is None:
-                    st = states[req_id] = RequestState()
                 st.steps += 1
                 st.budget_given = cap
             if st is not None and st.tree is not None:
