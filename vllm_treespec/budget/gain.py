@@ -115,18 +115,18 @@ class StepCost:
         if not 0.0 < forget < 1.0 or prior_weight <= 0:
             raise ValueError("need 0 < forget < 1 and prior_weight > 0")
         self.forget, self.prior_weight = float(forget), float(prior_weight)
-        # decayed normal equations of the 4-term fit, in plain floats: updated every step and
-        # solved in steps that decide, where numpy's per-call overhead on 4x4 arrays was a
-        # measurable part of an idle sampled step (docs/never-slower.md section 4)
-        self._xtx = [[0.0] * 4 for _ in range(4)]
-        self._xty = [0.0] * 4
-        self._seconds = 0.0          # decayed sums: mean step (the prior's scale), rate
-        self._requests = 0.0
-        self._draft_rows = 0.0
-        self._weight = 0.0
-        self._tokens = 0.0
-        self._overhead = 0.0         # decayed sum of measured overhead seconds, and its weight
+        # decayed normal equations of the 4-term fit. Steps are queued and folded in when a
+        # decision reads the fit (`_fold`): most idle sampled steps decide nothing, and an
+        # update per step was a measurable part of the proposer's step (docs/never-slower.md
+        # section 4)
+        self._xtx = np.zeros((4, 4))
+        self._xty = np.zeros(4)
+        # decayed sums: seconds (the prior's scale, and the rate), requests, draft rows, weight,
+        # emitted tokens
+        self._sums = np.zeros(5)
+        self._overhead = 0.0         # decayed (per speculative step) measured overhead, its weight
         self._overhead_weight = 0.0
+        self._queued: list[tuple[float, int, int, int, float]] = []
         self.steps = 0
         self._fit: StepCoefficients | None = None
 
@@ -137,25 +137,39 @@ class StepCost:
         measured overhead seconds."""
         if not seconds > 0 or requests < 1 or draft_rows < 0:
             return
-        keep = 1.0 - self.forget
-        speculative = draft_rows > 0
-        overhead = min(max(float(overhead_seconds), 0.0), seconds) if speculative else 0.0
-        x = (1.0, float(requests), float(draft_rows), 1.0 if speculative else 0.0)
-        y = seconds - overhead
-        for xi, row, i in zip(x, self._xtx, range(4)):
-            for j in range(4):
-                row[j] = row[j] * keep + xi * x[j]
-            self._xty[i] = self._xty[i] * keep + xi * y
-        self._seconds = self._seconds * keep + seconds
-        self._requests = self._requests * keep + requests
-        self._draft_rows = self._draft_rows * keep + draft_rows
-        self._tokens = self._tokens * keep + emitted
-        self._weight = self._weight * keep + 1.0
-        if speculative:
-            self._overhead = self._overhead * keep + overhead
-            self._overhead_weight = self._overhead_weight * keep + 1.0
+        overhead = min(max(float(overhead_seconds), 0.0), seconds) if draft_rows > 0 else 0.0
+        self._queued.append((seconds, requests, draft_rows, emitted, overhead))
         self.steps += 1
         self._fit = None
+        if len(self._queued) >= _FOLD_EVERY:
+            self._fold()
+
+    def _fold(self) -> None:
+        """Fold the queued steps into the decayed sums, oldest first: the same sums as one
+        update per step (each step's weight is keep ** (steps observed after it))."""
+        if not self._queued:
+            return
+        obs = np.array(self._queued, dtype=np.float64)          # [n, 5]
+        self._queued.clear()
+        keep = 1.0 - self.forget
+        n = obs.shape[0]
+        w = keep ** np.arange(n - 1, -1, -1, dtype=np.float64)   # [n] newest weighs 1
+        seconds, requests, rows, emitted, overhead = obs.T
+        speculative = (rows > 0).astype(np.float64)
+        x = np.stack([np.ones(n), requests, rows, speculative], axis=1)   # [n, 4]
+        xw = x * w[:, None]
+        decay = keep ** n
+        self._xtx = self._xtx * decay + xw.T @ x
+        self._xty = self._xty * decay + xw.T @ (seconds - overhead)
+        sums = np.stack([seconds, requests, rows, np.ones(n), emitted])   # [5, n]
+        self._sums = self._sums * decay + sums @ w
+        # the overhead's average decays by speculative steps only (it is measured in those)
+        spec = overhead[rows > 0]
+        if spec.size:
+            ws = keep ** np.arange(spec.size - 1, -1, -1, dtype=np.float64)
+            decay = keep ** spec.size
+            self._overhead = self._overhead * decay + float(spec @ ws)
+            self._overhead_weight = self._overhead_weight * decay + float(ws.sum())
 
     @property
     def ready(self) -> bool:
@@ -163,19 +177,23 @@ class StepCost:
 
     def tokens_per_second(self) -> float:
         """Tokens the recent decode steps emitted per second of step time."""
-        return self._tokens / self._seconds if self._seconds > 0 else 0.0
+        self._fold()
+        seconds, tokens = float(self._sums[0]), float(self._sums[4])
+        return tokens / seconds if seconds > 0 else 0.0
 
     def coefficients(self) -> StepCoefficients:
         """The fit (all 0 before the first step)."""
         if self._fit is None:
             if not self.ready:
                 return StepCoefficients(0.0, 0.0, 0.0, 0.0)
-            mean_step = self._seconds / self._weight
-            mean_requests = max(self._requests / self._weight, 1.0)
-            mean_draft_rows = max(self._draft_rows / self._weight, 1.0)
+            self._fold()
+            seconds, requests, draft_rows, weight, _ = self._sums.tolist()
+            mean_step = seconds / weight
+            mean_requests = max(requests / weight, 1.0)
+            mean_draft_rows = max(draft_rows / weight, 1.0)
             prior = (0.0, 0.03 * mean_step, 0.0, 0.0)
             scale = [self.prior_weight * w for w in (1e-6, mean_requests ** 2, 0.0, 1.0)]
-            a = [list(row) for row in self._xtx]
+            a = self._xtx.tolist()
             for i in range(4):
                 a[i][i] += scale[i]
             # a draft row's slope is pulled toward a request's, not toward a constant: until
@@ -188,11 +206,15 @@ class StepCost:
             a[2][2] += tie
             a[1][2] -= tie
             a[2][1] -= tie
-            fit = solve_small(a, [b + w * m for b, w, m in zip(self._xty, scale, prior)])
+            fit = solve_small(a, [b + w * m for b, w, m in zip(self._xty.tolist(), scale, prior)])
             overhead = self._overhead / self._overhead_weight if self._overhead_weight else 0.0
             self._fit = StepCoefficients(max(fit[0], 0.0), max(fit[1], 0.0), max(fit[2], 0.0),
                                          overhead + max(fit[3], 0.0))
         return self._fit
+
+
+# StepCost folds its queued steps at least this often (bounded memory when nothing reads the fit)
+_FOLD_EVERY = 256
 
 
 def solve_small(a: list[list[float]], b: list[float]) -> list[float]:
