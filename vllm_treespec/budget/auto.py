@@ -156,6 +156,7 @@ class AutoBudget(BudgetPolicy):
     Before the cost model knows two points it returns the smallest non-zero candidate (cheap to
     verify, and it drafts so acceptance gets measured)."""
     mode = "auto"
+    learns = True
 
     def __init__(self, candidates: Sequence[int], *, profile: Iterable[Sequence[float]] = (),
                  margin: float = 0.05, patience: int = 3, explore_every: int = 0,

@@ -47,6 +47,7 @@ class BudgetPolicy:
     `max_nodes` is the largest `nodes` any choice can have (size drafter buffers with it).
     """
     mode: str = "base"
+    learns: bool = False      # whether `observe` changes later choices (else callers may skip it)
 
     def __init__(self, max_nodes: int) -> None:
         self.max_nodes = int(max_nodes)

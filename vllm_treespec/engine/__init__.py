@@ -29,9 +29,10 @@ def activate() -> None:
 
         version = check_vllm_version()
         REGISTRY.install_all()
-        from vllm_treespec.engine import request_options
+        from vllm_treespec.engine import draft_handoff, request_options
 
         request_options.install()
+        draft_handoff.install()      # the in-process executor of offline use lives here
         _active = True
         init_logger(f"vllm.{__name__}").info("vllm_treespec active on vLLM %s: %d runner patches installed",
                     version, len(REGISTRY.patches))

@@ -16,7 +16,7 @@ import torch
 
 from vllm_treespec.budget import make_budget_policy
 from vllm_treespec.budget.confidence import GREEDY_CLASS, DraftCalibration, batch_path_probs
-from vllm_treespec.budget.gain import GAIN_DECISIONS, GainControl, GainDecision, GainRecord, decision_kind
+from vllm_treespec.budget.gain import GainControl, GainDecision, GainRecord, decision_kind
 from vllm_treespec.budget.reach import ReachCap
 from vllm_treespec.config import TreespecConfig
 from vllm_treespec.engine.request_table import RequestTable
@@ -43,6 +43,7 @@ class BudgetControl:
         self.stats = stats
         self.config = config.budget
         self.policy = make_budget_policy(config.budget, num_speculative_tokens)
+        self._fixed = self.policy.choose(1) if self.policy.mode == "fixed" else None
         # budget.reach_floor: no deeper than each request accepts with that probability
         floor = config.budget.reach_floor
         self.reach = ReachCap(floor, max_depth=self.node_budget) if floor > 0 else None
@@ -90,10 +91,13 @@ class BudgetControl:
              decoding: Sequence[bool], budget: int) -> tuple[list[int], Any]:
         """(node cap per request, the policy's BudgetChoice): 0 for requests that do not decode
         or may not draft this step (their fallback reason is counted)."""
-        active = [t for t, d in zip(lengths, decoding) if d]
-        choice = self.policy.choose(len(active), sum(active) // len(active) if active else 0)
+        if self._fixed is not None:         # budget.mode fixed: the same choice at any load
+            choice, any_active = self._fixed, any(decoding)
+        else:
+            active = [t for t, d in zip(lengths, decoding) if d]
+            choice, any_active = self.policy.choose(len(active), sum(active) // len(active) if active else 0), bool(active)
         chosen = _broadcast_from_first_rank(choice.nodes) if self._sync else choice.nodes
-        if active:
+        if any_active:
             self.stats.observe_budget_choice(chosen)
         budget = min(budget, chosen)
         caps = [min(budget, max(self.max_model_len - t, 0)) if d else 0 for t, d in zip(lengths, decoding)]
@@ -143,6 +147,11 @@ class BudgetControl:
             self._settle(caps, decided, records)
         return caps, choice
 
+    @property
+    def rating(self) -> bool:
+        """Whether decisions of this step wait for `rate_drafts`."""
+        return self._pending is not None
+
     def rate_drafts(self, requests: RequestTable, req_ids: Sequence[str], proposal: Any,
                     caps: list[int]) -> None:
         """budget.gain.confidence: the step's drafts rated by the drafter, cut to what pays
@@ -186,7 +195,8 @@ class BudgetControl:
         count the step's decisions (rated requests left with nothing: `declined`)."""
         assert self.gain is not None
         rated = set(rated)
-        if not self.gain.settle([d for d in decided.values() if d is not None]):
+        drafts = [d for d in decided.values() if d is not None and d.nodes > 0]
+        if drafts and not self.gain.settle(drafts):
             for i, decision in decided.items():       # drafts that cannot pay for the step
                 if decision is not None and decision.nodes > 0:
                     caps[i] = 0
@@ -196,14 +206,16 @@ class BudgetControl:
                     if i in rated:
                         proposal.trees[i] = proposal.trees[i].prefix(0)
                         requests.state(req_ids[i]).rated = None
-        counts = dict.fromkeys(GAIN_DECISIONS, 0)
+        counts: dict[str, int] = {}     # the kinds that occurred (GAIN_DECISIONS)
+        calibrating = self.gain.calibrating
         for i, decision in decided.items():
             if decision is None:
-                counts["held"] += 1
-            elif i in rated and decision.nodes == 0:
-                counts["declined"] += 1
+                kind = "held"
+            elif decision.nodes == 0 and i in rated:
+                kind = "declined"
             else:
-                counts[decision_kind(decision, self.gain.calibrating)] += 1
+                kind = decision_kind(decision, calibrating)
+            counts[kind] = counts.get(kind, 0) + 1
         costs = self.gain.costs_this_step()
         self.stats.observe_gain(counts, costs, self.gain.cost.coefficients() if costs is not None else None)
 
@@ -285,7 +297,7 @@ class BudgetControl:
             period = now - self.last_propose_end if self.last_propose_end is not None else seconds
             self._observe_gain_step(scheduler_output, query, period if period < 20 * seconds else seconds,
                                     accepted, budgets)
-        if query > 0:
+        if query > 0 and self.policy.learns:
             self.policy.observe(query_tokens=query, step_seconds=seconds, budgets=budgets,
                                 accepted=accepted, drafted=drafted, drafter_seconds=self.draft_seconds)
 

@@ -10,6 +10,9 @@ from vllm_treespec.engine.tree_step import TreeStep
 
 __all__ = ["CommittedRows"]
 
+_NO_TREES = np.zeros((0, 1), dtype=np.int64)     # a plain step's accepted nodes (never written)
+_NO_TREES.flags.writeable = False
+
 
 class CommittedRows:
     def __init__(self) -> None:
@@ -18,9 +21,10 @@ class CommittedRows:
         self.plain_query_start: np.ndarray | None = None   # the last plain step's query_start_loc
 
     def plain(self, query_start_loc: np.ndarray) -> None:
-        """A plain step: every scheduled row is committed."""
-        self.plain_query_start = np.array(query_start_loc, dtype=np.int64)
-        self.step, self.accepted = None, np.zeros((0, 1), dtype=np.int64)
+        """A plain step: every scheduled row is committed (`query_start_loc` is copied: the
+        runner reuses its buffer)."""
+        self.plain_query_start = query_start_loc.copy()
+        self.step, self.accepted = None, _NO_TREES
 
     def planned(self, step: TreeStep) -> None:
         """A tree step before sampling: every scheduled row, until `verified` narrows its trees."""

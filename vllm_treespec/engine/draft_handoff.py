@@ -13,14 +13,19 @@ it in vLLM's synchronous scheduling, the only mode custom proposers get), so:
 - worker side (a runner patch, engine/runner_patches.py): `sample_tokens` attaches
   `take_draft_token_ids()`'s answer to the `ModelRunnerOutput` it returns, as the attribute
   `ATTR` (None when nothing is drafted), pickled with the output;
-- engine-core side (this module's `REGISTRY`, installed by the plugin's `register()` in the
-  process that owns the executor): `MultiprocExecutor.sample_tokens` takes the attribute off the
-  output and keeps it; the next `take_draft_token_ids()` returns it without an RPC.
+- engine-core side (this module's `REGISTRY`, installed in the process that owns the executor:
+  by the plugin's `register()` for `MultiprocExecutor`, by `activate()` for the in-process
+  `UniProcExecutor` of offline `LLM` use): the executor's `sample_tokens` takes the attribute off
+  the output and keeps it; the next `take_draft_token_ids()` returns it without asking the worker
+  again.
 An output without the attribute (no treespec worker, a non-blocking call, an empty output) leaves
 the executor on vLLM's path unchanged, so the engine-core patch is inert for every other config.
 """
 from __future__ import annotations
 
+import inspect
+import sys
+import threading
 from typing import Any, Callable
 
 from vllm_treespec.engine.patch_registry import Patch, PatchRegistry
@@ -30,16 +35,26 @@ ATTR = "treespec_draft_token_ids"      # DraftTokenIds | None, set by a treespec
 _STASH = "_treespec_draft_token_ids"   # on the executor: a 1-tuple until taken
 
 EXECUTOR = "vllm.v1.executor.multiproc_executor:MultiprocExecutor"
+UNIPROC_EXECUTOR = "vllm.v1.executor.uniproc_executor:UniProcExecutor"
 
 REGISTRY = PatchRegistry()
+_install_lock = threading.Lock()
 
 
-def attach_drafts(runner: Any, output: Any) -> Any:
-    """Worker side: put this step's drafts on `output` (a ModelRunnerOutput built for this step)."""
-    from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+_outputs: tuple[type, Any] | None = None      # vLLM's (ModelRunnerOutput, EMPTY_MODEL_RUNNER_OUTPUT)
 
-    if type(output) is ModelRunnerOutput and output is not EMPTY_MODEL_RUNNER_OUTPUT:
-        drafts = take_drafts(runner)
+
+def attach_drafts(runner: Any, output: Any, drafted: bool = True) -> Any:
+    """Worker side: put this step's drafts on `output` (a ModelRunnerOutput built for this step);
+    `drafted` False: the proposer drafted nothing this step, so the drafts are None without
+    asking the runner for them."""
+    global _outputs
+    if _outputs is None:
+        from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+
+        _outputs = ModelRunnerOutput, EMPTY_MODEL_RUNNER_OUTPUT
+    if type(output) is _outputs[0] and output is not _outputs[1]:
+        drafts = take_drafts(runner) if drafted else None
         if drafts is not None and not any(drafts.draft_token_ids):
             # nobody drafted: the engine core then skips `update_draft_token_ids`, a loop over
             # every request that would only set what scheduling the step already cleared
@@ -77,27 +92,50 @@ def _wrap_take_draft_token_ids(original: Callable[..., Any]) -> Callable[..., An
     return take_draft_token_ids
 
 
-REGISTRY.register(Patch(
-    target=f"{EXECUTOR}.sample_tokens",
-    expected_signature=(
+# The executors whose engine core takes drafts by `take_draft_token_ids()` after every step, with
+# the signature each was written for: MultiprocExecutor (served: an RPC through the shared-memory
+# queues) and UniProcExecutor (offline `LLM` with the engine in-process: a second call into the
+# worker, which answers the same drafts again and makes the scheduler update from them).
+EXECUTORS = {
+    EXECUTOR: (
         "(self, grammar_output: vllm.v1.core.sched.output.GrammarOutput | None, non_block: bool = False) "
         "-> vllm.v1.outputs.ModelRunnerOutput | concurrent.futures._base.Future[vllm.v1.outputs.ModelRunnerOutput]"),
-    make=_wrap_sample_tokens,
-    why="keep the drafts a treespec worker attached to the step's output",
-))
-REGISTRY.register(Patch(
-    target=f"{EXECUTOR}.take_draft_token_ids",
-    expected_signature="(self) -> vllm.v1.outputs.DraftTokenIds | None",
-    make=_wrap_take_draft_token_ids,
-    why="answer the engine core's draft request from the kept drafts, without an RPC",
-))
+    UNIPROC_EXECUTOR: (
+        "(self, grammar_output: vllm.v1.core.sched.output.GrammarOutput | None, non_block: bool = False) "
+        "-> vllm.v1.outputs.ModelRunnerOutput | None | "
+        "concurrent.futures._base.Future[vllm.v1.outputs.ModelRunnerOutput | None]"),
+}
+for _executor, _signature in EXECUTORS.items():
+    REGISTRY.register(Patch(
+        target=f"{_executor}.sample_tokens",
+        expected_signature=_signature,
+        make=_wrap_sample_tokens,
+        why="keep the drafts a treespec worker attached to the step's output",
+    ))
+    REGISTRY.register(Patch(
+        target=f"{_executor}.take_draft_token_ids",
+        expected_signature="(self) -> vllm.v1.outputs.DraftTokenIds | None",
+        make=_wrap_take_draft_token_ids,
+        why="answer the engine core's draft request from the kept drafts, without an RPC",
+    ))
 
 
 def install() -> None:
-    """Install the engine-core half once per process; a vLLM whose executor differs keeps its RPC
-    (the worker half then attaches drafts nobody takes off: harmless, and activate() reports the
-    version)."""
-    if any(REGISTRY.is_installed(p.target) for p in REGISTRY.patches) or REGISTRY.signature_mismatches():
-        return
-    for patch in REGISTRY.patches:
-        REGISTRY.install(patch)
+    """Install the engine-core half, once per process, for each executor whose module this
+    process imported (the plugin's `register()` for the multiprocess executor, `activate()` for
+    the in-process one, which lives in the worker's process). An executor whose signatures
+    differ keeps vLLM's path (the worker half then attaches drafts nobody takes off: harmless,
+    and activate() reports the version)."""
+    with _install_lock:
+        for executor in EXECUTORS:
+            if executor.partition(":")[0] not in sys.modules:
+                continue
+            patches = [p for p in REGISTRY.patches if p.target.startswith(executor + ".")]
+            if any(REGISTRY.is_installed(p.target) for p in patches) or _mismatched(patches):
+                continue
+            for patch in patches:
+                REGISTRY.install(patch)
+
+
+def _mismatched(patches: list[Patch]) -> bool:
+    return any(str(inspect.signature(p.resolve()[2])) != p.expected_signature for p in patches)

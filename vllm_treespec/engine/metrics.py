@@ -79,6 +79,7 @@ class TreeMetrics:
                                 _COUNT_BUCKETS)
         self.budget_chosen = gauge("treespec_budget_chosen_nodes", "The budget policy's latest choice "
                                    "(node budget per request; 0 = plain decoding) for the step's load.")
+        self._budget_chosen: int | None = None       # the value last set on it
         self.reach_cap = gauge("treespec_reach_cap_nodes", "budget.reach_floor: the mean node cap of the "
                                "live requests of each sampling class (greedy, sampled), learnt from "
                                "their acceptance.", ["sampling"])
@@ -132,7 +133,9 @@ class TreeMetrics:
                 self.budget.observe(b)
 
     def observe_budget_choice(self, nodes: int) -> None:
-        self.budget_chosen.set(nodes)
+        if nodes != self._budget_chosen:     # set on change only: it is chosen every step
+            self._budget_chosen = nodes
+            self.budget_chosen.set(nodes)
 
     def observe_reach(self, caps: dict[str, float]) -> None:
         for sampling, nodes in caps.items():

@@ -72,6 +72,7 @@ class TreeProposer:
         self.committed = CommittedRows()      # what the last step committed (target-state drafters)
         self.sampler = TreeStepSampler(coin_rows=k + 1)
         self.plain_step = False               # a free idle step: vLLM runs it as a plain step
+        self.drafted = False                  # whether the last propose_step drafted any node
         self.plan: TreeStep | None = None     # the tree step between `_prepare_inputs` and `_sample`
         self.step_started_at: float | None = None   # set by the _prepare_inputs patch
         logger.info("TreeProposer: drafter=%s builder=%s budget=%d config=%s", self.drafter.name,
@@ -139,11 +140,11 @@ class TreeProposer:
                  budget: int, target: TargetStates | None = None) -> list[list[int]]:
         start = time.perf_counter()
         n = len(req_ids)
-        num_tokens = np.asarray(num_tokens_no_spec[:n], dtype=np.int64)
         # plain Python for the per-request scalars: a step has few requests, and each numpy
         # call costs microseconds with the caches cold from the forward pass
+        lengths = np.asarray(num_tokens_no_spec[:n]).tolist()
         decoding = [len(s) > 0 for s in sampled_token_ids[:n]]
-        caps, choice = self.budget.caps(self.requests, runner, req_ids, num_tokens.tolist(), decoding, budget)
+        caps, choice = self.budget.caps(self.requests, runner, req_ids, lengths, decoding, budget)
         wants = self.drafter.capabilities
         proposal: Proposal | None = None     # None: nobody drafts, no drafter call (a free idle step)
         if any(caps) or wants.uses_target_states:     # head caches take every step's committed rows
@@ -151,9 +152,12 @@ class TreeProposer:
                         if wants.samples_drafts or wants.reads_sampling else None)
             proposal = self.drafter.propose(DraftInputs(
                 req_ids=req_ids, token_ids=token_ids_cpu, rows=np.arange(n, dtype=np.int64),
-                num_tokens=num_tokens, budgets=np.array(caps, dtype=np.int64), target=target,
+                num_tokens=np.asarray(num_tokens_no_spec[:n], dtype=np.int64),
+                budgets=np.array(caps, dtype=np.int64), target=target,
                 sampling=sampling, tree_overrides=choice.tree_params({})))   # a table rule's tree keys
-        self.budget.rate_drafts(self.requests, req_ids, proposal, caps)
+        if self.budget.rating:
+            self.budget.rate_drafts(self.requests, req_ids, proposal, caps)
+        self.drafted = proposal is not None and any(t is not None and t.num_draft for t in proposal.trees)
         drafts = self.requests.record_drafts(req_ids, proposal, decoding, caps)
         self.budget.draft_seconds = time.perf_counter() - start
         self.stats.observe_draft(self.budget.draft_seconds, [c for c, d in zip(caps, decoding) if d],

@@ -17,6 +17,8 @@ Why each exists:
   slot gather (compaction cannot move anything there). The plan travels on the proposer
   (`TreeProposer.plan`) to the patches below, and through engine/tree_step.py's process global
   to the attention backends (`_publish_plan` says why).
+- `_preprocess`: a free idle step skips vLLM's clamp of draft placeholders (-1) in the input
+  ids, which it runs whenever speculation is configured; such a step has none.
 - `_determine_batch_execution_and_padding`: a step with branching trees (its plan has tree
   rows to recompute) dispatches with CUDA graph mode FULL excluded: the attention backend
   overwrites those rows in Python (engine/tree_attention_triton.py), which a FULL graph
@@ -38,8 +40,10 @@ import time
 
 from typing import Any, Callable
 
+from vllm_treespec.engine.draft_handoff import attach_drafts
 from vllm_treespec.engine.patch_registry import Patch, PatchRegistry
-from vllm_treespec.engine.runner_state import step_batch, step_query_start, step_slot_mapping
+from vllm_treespec.engine.runner_state import (batch_has_seeded_sampling, step_batch, step_query_start,
+                                               step_slot_mapping)
 from vllm_treespec.engine.tree_step import set_current_step
 
 RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
@@ -164,6 +168,21 @@ def _wrap_determine_batch_execution(original: Callable[..., Any]) -> Callable[..
     return _determine_batch_execution_and_padding
 
 
+def _wrap_preprocess(original: Callable[..., Any]) -> Callable[..., Any]:
+    def _preprocess(self, scheduler_output, num_input_tokens, intermediate_tensors=None):
+        proposer = _tree_proposer(self)
+        if proposer is None or not proposer.plain_step:
+            return original(self, scheduler_output, num_input_tokens, intermediate_tensors)
+        # a free idle step has no draft placeholders (-1) among its input ids to clamp
+        spec_config, self.speculative_config = self.speculative_config, None
+        try:
+            return original(self, scheduler_output, num_input_tokens, intermediate_tensors)
+        finally:
+            self.speculative_config = spec_config
+
+    return _preprocess
+
+
 def _wrap_setup_aux(original: Callable[..., Any]) -> Callable[..., Any]:
     def _setup_eagle3_aux_hidden_state_outputs(self):
         proposer = _tree_proposer(self)
@@ -194,6 +213,8 @@ def _wrap_sample(original: Callable[..., Any]) -> Callable[..., Any]:
         if proposer is not None and spec_decode_metadata is None and logits is not None \
                 and proposer.plain_step:
             # a free idle step: vLLM samples; seeded sampled requests keep their own stream
+            if not batch_has_seeded_sampling(self):
+                return original(self, logits, None)
             return proposer.sample_plain(self, logits, lambda: original(self, logits, None))
         if proposer is None or step is None or spec_decode_metadata is None or logits is None:
             return original(self, logits, spec_decode_metadata)
@@ -205,11 +226,10 @@ def _wrap_sample(original: Callable[..., Any]) -> Callable[..., Any]:
 def _wrap_sample_tokens(original: Callable[..., Any]) -> Callable[..., Any]:
     def sample_tokens(self, grammar_output):
         output = original(self, grammar_output)
-        if _tree_proposer(self) is None:
+        proposer = _tree_proposer(self)
+        if proposer is None:
             return output
-        from vllm_treespec.engine.draft_handoff import attach_drafts
-
-        return attach_drafts(self, output)
+        return attach_drafts(self, output, proposer.drafted)
 
     return sample_tokens
 
@@ -251,6 +271,16 @@ REGISTRY.register(Patch(
         "tuple[torch.Tensor, vllm.v1.spec_decode.metadata.SpecDecodeMetadata | None, int]"),
     make=_wrap_prepare_inputs,
     why="tree rows get positions num_computed + depth; publish the step's tree plan",
+))
+REGISTRY.register(Patch(
+    target=f"{RUNNER}._preprocess",
+    expected_signature=(
+        "(self, scheduler_output: 'SchedulerOutput', num_input_tokens: int, intermediate_tensors: "
+        "vllm.sequence.IntermediateTensors | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None, "
+        "torch.Tensor, vllm.sequence.IntermediateTensors | None, dict[str, typing.Any], "
+        "vllm.v1.outputs.ECConnectorOutput | None]"),
+    make=_wrap_preprocess,
+    why="a free idle step skips the clamp of draft placeholders in its input ids",
 ))
 REGISTRY.register(Patch(
     target=f"{RUNNER}._determine_batch_execution_and_padding",
