@@ -115,18 +115,16 @@ class StepCost:
         if not 0.0 < forget < 1.0 or prior_weight <= 0:
             raise ValueError("need 0 < forget < 1 and prior_weight > 0")
         self.forget, self.prior_weight = float(forget), float(prior_weight)
-        # decayed normal equations of the 4-term fit. Steps are queued and folded in when a
-        # decision reads the fit (`_fold`): most idle sampled steps decide nothing, and an
-        # update per step was a measurable part of the proposer's step (docs/never-slower.md
-        # section 4)
-        self._xtx = np.zeros((4, 4))
-        self._xty = np.zeros(4)
-        # decayed sums: seconds (the prior's scale, and the rate), requests, draft rows, weight,
-        # emitted tokens
-        self._sums = np.zeros(5)
+        # decayed sums of the products of each step's terms (`_TERMS`: 1, requests, draft
+        # rows, speculative, seconds less overhead, seconds, emitted tokens): the fit's normal
+        # equations and the means of its prior, in one matrix. Steps are queued and folded in
+        # when a decision reads the fit (`_fold`, one matrix product): most idle sampled steps
+        # decide nothing, and an update per step was a measurable part of the proposer's step
+        # (docs/never-slower.md section 4)
+        self._moments = np.zeros((len(_TERMS), len(_TERMS)))
+        self._queued: list[tuple[float, ...]] = []      # each step's terms
         self._overhead = 0.0         # decayed (per speculative step) measured overhead, its weight
         self._overhead_weight = 0.0
-        self._queued: list[tuple[float, int, int, int, float]] = []
         self.steps = 0
         self._fit: StepCoefficients | None = None
 
@@ -137,39 +135,31 @@ class StepCost:
         measured overhead seconds."""
         if not seconds > 0 or requests < 1 or draft_rows < 0:
             return
-        overhead = min(max(float(overhead_seconds), 0.0), seconds) if draft_rows > 0 else 0.0
-        self._queued.append((seconds, requests, draft_rows, emitted, overhead))
+        overhead = 0.0
+        if draft_rows > 0:
+            overhead = min(max(float(overhead_seconds), 0.0), seconds)
+            # the overhead's average decays by speculative steps only (it is measured in those)
+            keep = 1.0 - self.forget
+            self._overhead = self._overhead * keep + overhead
+            self._overhead_weight = self._overhead_weight * keep + 1.0
+        self._queued.append((1.0, float(requests), float(draft_rows), 1.0 if draft_rows > 0 else 0.0,
+                             seconds - overhead, float(seconds), float(emitted)))
         self.steps += 1
         self._fit = None
         if len(self._queued) >= _FOLD_EVERY:
             self._fold()
 
     def _fold(self) -> None:
-        """Fold the queued steps into the decayed sums, oldest first: the same sums as one
+        """Fold the queued steps into the decayed moments, oldest first: the same sums as one
         update per step (each step's weight is keep ** (steps observed after it))."""
         if not self._queued:
             return
-        obs = np.array(self._queued, dtype=np.float64)          # [n, 5]
+        terms = np.array(self._queued)                                    # [n, len(_TERMS)]
         self._queued.clear()
         keep = 1.0 - self.forget
-        n = obs.shape[0]
-        w = keep ** np.arange(n - 1, -1, -1, dtype=np.float64)   # [n] newest weighs 1
-        seconds, requests, rows, emitted, overhead = obs.T
-        speculative = (rows > 0).astype(np.float64)
-        x = np.stack([np.ones(n), requests, rows, speculative], axis=1)   # [n, 4]
-        xw = x * w[:, None]
-        decay = keep ** n
-        self._xtx = self._xtx * decay + xw.T @ x
-        self._xty = self._xty * decay + xw.T @ (seconds - overhead)
-        sums = np.stack([seconds, requests, rows, np.ones(n), emitted])   # [5, n]
-        self._sums = self._sums * decay + sums @ w
-        # the overhead's average decays by speculative steps only (it is measured in those)
-        spec = overhead[rows > 0]
-        if spec.size:
-            ws = keep ** np.arange(spec.size - 1, -1, -1, dtype=np.float64)
-            decay = keep ** spec.size
-            self._overhead = self._overhead * decay + float(spec @ ws)
-            self._overhead_weight = self._overhead_weight * decay + float(ws.sum())
+        n = terms.shape[0]
+        w = keep ** np.arange(n - 1, -1, -1, dtype=np.float64)           # [n] newest weighs 1
+        self._moments = self._moments * keep ** n + terms.T @ (terms * w[:, None])
 
     @property
     def ready(self) -> bool:
@@ -178,7 +168,7 @@ class StepCost:
     def tokens_per_second(self) -> float:
         """Tokens the recent decode steps emitted per second of step time."""
         self._fold()
-        seconds, tokens = float(self._sums[0]), float(self._sums[4])
+        seconds, tokens = float(self._moments[0, 5]), float(self._moments[0, 6])
         return tokens / seconds if seconds > 0 else 0.0
 
     def coefficients(self) -> StepCoefficients:
@@ -187,13 +177,14 @@ class StepCost:
             if not self.ready:
                 return StepCoefficients(0.0, 0.0, 0.0, 0.0)
             self._fold()
-            seconds, requests, draft_rows, weight, _ = self._sums.tolist()
+            m = self._moments.tolist()
+            weight, requests, draft_rows, seconds = m[0][0], m[0][1], m[0][2], m[0][5]
             mean_step = seconds / weight
             mean_requests = max(requests / weight, 1.0)
             mean_draft_rows = max(draft_rows / weight, 1.0)
             prior = (0.0, 0.03 * mean_step, 0.0, 0.0)
             scale = [self.prior_weight * w for w in (1e-6, mean_requests ** 2, 0.0, 1.0)]
-            a = self._xtx.tolist()
+            a = [row[:4] for row in m[:4]]
             for i in range(4):
                 a[i][i] += scale[i]
             # a draft row's slope is pulled toward a request's, not toward a constant: until
@@ -206,7 +197,7 @@ class StepCost:
             a[2][2] += tie
             a[1][2] -= tie
             a[2][1] -= tie
-            fit = solve_small(a, [b + w * m for b, w, m in zip(self._xty.tolist(), scale, prior)])
+            fit = solve_small(a, [b + w * m for b, w, m in zip([row[4] for row in m[:4]], scale, prior)])
             overhead = self._overhead / self._overhead_weight if self._overhead_weight else 0.0
             self._fit = StepCoefficients(max(fit[0], 0.0), max(fit[1], 0.0), max(fit[2], 0.0),
                                          overhead + max(fit[3], 0.0))
@@ -215,6 +206,9 @@ class StepCost:
 
 # StepCost folds its queued steps at least this often (bounded memory when nothing reads the fit)
 _FOLD_EVERY = 256
+# a step's terms in StepCost's moments: the fit's regressors (0-3) and target (4), then what the
+# prior and the rate need (5, 6); products with term 0 are plain decayed sums
+_TERMS = ("one", "requests", "draft_rows", "speculative", "seconds_less_overhead", "seconds", "emitted")
 
 
 def solve_small(a: list[list[float]], b: list[float]) -> list[float]:
