@@ -424,3 +424,11 @@ def test_reference_lists_budget_keys():
     for key in ["budget.mode", "budget.preset", "budget.table", "budget.table[].batch",
                 "budget.table[].nodes", "budget.auto.candidates", "budget.auto.patience"]:
         assert f"`{key}`" in ref
+
+
+def test_only_the_auto_policy_learns_from_steps():
+    """BudgetControl tells a policy about every step only if it learns from it."""
+    for mode, learns in (("fixed", False), ("table", False), ("auto", True)):
+        budget = {"mode": mode} if mode != "table" else {"mode": "table", "table": [{"batch": [1, None], "nodes": 4}]}
+        cfg = load_config({"drafter": OK, "budget": budget}, 8)
+        assert make_budget_policy(cfg.budget, 8).learns is learns, mode

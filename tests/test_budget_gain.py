@@ -76,6 +76,44 @@ def test_overhead_is_known_when_every_step_drafts():
     assert cost.tokens_per_second() == pytest.approx(7 / 6.4e-3, rel=0.01)
 
 
+def _per_step_reference(steps, forget=0.02):
+    """StepCost's sums updated once per step, as it did before it queued steps: the normal
+    equations and sums decayed by `1 - forget` per step, the overhead per speculative step."""
+    keep = 1.0 - forget
+    xtx, xty, sums = np.zeros((4, 4)), np.zeros(4), np.zeros(4)     # sums: seconds, weight, emitted, requests
+    overhead = weight = 0.0
+    for seconds, requests, rows, emitted, over in steps:
+        x = np.array([1.0, requests, rows, 1.0 if rows else 0.0])
+        over = min(over, seconds) if rows else 0.0
+        xtx = xtx * keep + np.outer(x, x)
+        xty = xty * keep + x * (seconds - over)
+        sums = sums * keep + np.array([seconds, 1.0, emitted, requests])
+        if rows:
+            overhead, weight = overhead * keep + over, weight * keep + 1.0
+    return xtx, xty, sums, overhead / weight if weight else 0.0
+
+
+def test_queued_steps_fold_into_the_same_sums_as_a_per_step_update():
+    """StepCost folds queued steps when a decision reads the fit (and every 256 steps); the
+    decayed sums must be those of one update per step, whenever the fold happens."""
+    rng = np.random.default_rng(3)
+    steps = [(float(rng.uniform(1e-3, 3e-3)), int(rng.integers(1, 32)), int(rng.choice([0, 0, 0, 12])),
+              int(rng.integers(1, 40)), float(rng.uniform(0, 5e-4))) for _ in range(700)]
+    cost = StepCost()
+    for i, step in enumerate(steps):
+        cost.observe(*step)
+        if i in (0, 5, 300):                 # reads at odd moments fold what is queued so far
+            cost.coefficients()
+    cost.coefficients()
+    xtx, xty, sums, overhead = _per_step_reference(steps)
+    m = cost._moments
+    np.testing.assert_allclose(m[:4, :4], xtx, rtol=1e-12)
+    np.testing.assert_allclose(m[:4, 4], xty, rtol=1e-12)
+    np.testing.assert_allclose([m[0, 5], m[0, 0], m[0, 6], m[0, 1]], sums, rtol=1e-12)
+    assert cost._overhead / cost._overhead_weight == pytest.approx(overhead, rel=1e-12)
+    assert cost.tokens_per_second() == pytest.approx(sums[2] / sums[0], rel=1e-12)
+
+
 class _Requests(dict):
     """req id -> its GainRecord, made on first use (what the engine's request table keeps)."""
 

@@ -76,6 +76,23 @@ def test_nothing_drafted_is_answered_without_rpc():
         assert take() is None and executor.rpc_calls == 0
 
 
+def test_a_step_that_drafted_nothing_does_not_ask_the_runner():
+    class _NoAsk:
+        def take_draft_token_ids(self):
+            raise AssertionError("asked for drafts the proposer did not make")
+
+    out = attach_drafts(_NoAsk(), _output(), drafted=False)
+    assert out.__dict__[ATTR] is None
+
+
+def test_the_offline_executor_is_covered_too():
+    """Offline `LLM` use runs UniProcExecutor in the worker's process: its engine core asked the
+    worker for the drafts a second time after every step."""
+    targets = {p.target for p in draft_handoff.REGISTRY.patches}
+    for executor in draft_handoff.EXECUTORS:
+        assert {f"{executor}.sample_tokens", f"{executor}.take_draft_token_ids"} <= targets
+
+
 def test_outputs_without_drafts_keep_vllms_path():
     executor = _Executor([_output(**{ATTR: DraftTokenIds(["a"], [[1]])}), _output(), _output()])
     sample, take = _patched(executor)

@@ -157,6 +157,30 @@ def test_runner_patch_routes_to_proposer_and_frees_on_finish(proposer):
     assert "a" not in proposer.requests
 
 
+def test_the_proposer_says_whether_its_step_drafted(proposer):
+    """The sample_tokens patch attaches no drafts without asking the runner when it did not."""
+    runner = _runner([[1, 2, 3, 9, 1, 2, 3]], ["a"])
+    assert proposer.propose_step(runner, _sched(), [[3]]) == [[9, 1, 2, 3]] and proposer.drafted
+    assert proposer.propose_step(runner, _sched(), [[]]) == [[]] and not proposer.drafted   # not decoding
+
+
+def test_free_idle_steps_skip_the_placeholder_clamp(proposer):
+    """vLLM clamps draft placeholders in the input ids whenever speculation is configured; the
+    `_preprocess` patch hides the speculative config from it on a free idle step only."""
+    from vllm_treespec.engine.runner_patches import REGISTRY
+
+    patch = next(p for p in REGISTRY.patches if p.target.endswith("._preprocess"))
+    seen = []
+    preprocess = patch.make(lambda self, so, n, it=None: seen.append(self.speculative_config) or "vllm-result")
+    runner = SimpleNamespace(drafter=proposer, speculative_config="spec")
+    proposer.plain_step = True
+    assert preprocess(runner, None, 4) == "vllm-result" and seen == [None]
+    assert runner.speculative_config == "spec"                      # restored
+    proposer.plain_step = False                                     # a step that verifies drafts
+    preprocess(runner, None, 4)
+    assert seen == [None, "spec"]
+
+
 def test_bad_config_fails_construction():
     from vllm_treespec.engine.proposer import TreeProposer
 
