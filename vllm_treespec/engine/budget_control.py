@@ -43,7 +43,6 @@ class BudgetControl:
         self.stats = stats
         self.config = config.budget
         self.policy = make_budget_policy(config.budget, num_speculative_tokens)
-        self._fixed = self.policy.choose(1) if self.policy.mode == "fixed" else None
         # budget.reach_floor: no deeper than each request accepts with that probability
         floor = config.budget.reach_floor
         self.reach = ReachCap(floor, max_depth=self.node_budget) if floor > 0 else None
@@ -91,13 +90,10 @@ class BudgetControl:
              decoding: Sequence[bool], budget: int) -> tuple[list[int], Any]:
         """(node cap per request, the policy's BudgetChoice): 0 for requests that do not decode
         or may not draft this step (their fallback reason is counted)."""
-        if self._fixed is not None:         # budget.mode fixed: the same choice at any load
-            choice, any_active = self._fixed, any(decoding)
-        else:
-            active = [t for t, d in zip(lengths, decoding) if d]
-            choice, any_active = self.policy.choose(len(active), sum(active) // len(active) if active else 0), bool(active)
+        active = [t for t, d in zip(lengths, decoding) if d]
+        choice = self.policy.choose(len(active), sum(active) // len(active) if active else 0)
         chosen = _broadcast_from_first_rank(choice.nodes) if self._sync else choice.nodes
-        if any_active:
+        if active:
             self.stats.observe_budget_choice(chosen)
         budget = min(budget, chosen)
         caps = [min(budget, max(self.max_model_len - t, 0)) if d else 0 for t, d in zip(lengths, decoding)]
@@ -146,11 +142,6 @@ class BudgetControl:
         elif decided:
             self._settle(caps, decided, records)
         return caps, choice
-
-    @property
-    def rating(self) -> bool:
-        """Whether decisions of this step wait for `rate_drafts`."""
-        return self._pending is not None
 
     def rate_drafts(self, requests: RequestTable, req_ids: Sequence[str], proposal: Any,
                     caps: list[int]) -> None:

@@ -23,7 +23,6 @@ the executor on vLLM's path unchanged, so the engine-core patch is inert for eve
 """
 from __future__ import annotations
 
-import inspect
 import sys
 import threading
 from typing import Any, Callable
@@ -131,11 +130,7 @@ def install() -> None:
             if executor.partition(":")[0] not in sys.modules:
                 continue
             patches = [p for p in REGISTRY.patches if p.target.startswith(executor + ".")]
-            if any(REGISTRY.is_installed(p.target) for p in patches) or _mismatched(patches):
+            if any(REGISTRY.is_installed(p.target) for p in patches) or REGISTRY.signature_mismatches(patches):
                 continue
             for patch in patches:
                 REGISTRY.install(patch)
-
-
-def _mismatched(patches: list[Patch]) -> bool:
-    return any(str(inspect.signature(p.resolve()[2])) != p.expected_signature for p in patches)

@@ -11,7 +11,7 @@ import functools
 import importlib
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 
 class PatchError(RuntimeError):
@@ -51,10 +51,11 @@ class PatchRegistry:
     def patches(self) -> list[Patch]:
         return list(self._patches.values())
 
-    def signature_mismatches(self) -> list[str]:
-        """Targets whose current signature differs from the one the patch was written for."""
+    def signature_mismatches(self, patches: Iterable[Patch] | None = None) -> list[str]:
+        """Targets whose current signature differs from the one the patch was written for (of
+        `patches`, default every registered patch)."""
         problems = []
-        for p in self._patches.values():
+        for p in self._patches.values() if patches is None else patches:
             _, _, original = p.resolve()
             actual = str(inspect.signature(original))
             if actual != p.expected_signature:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from vllm_treespec.engine.request_table import RequestTable
-from vllm_treespec.engine.runner_state import (batch_has_seeded_sampling, batch_req_ids, batch_wants_logprobs,
+from vllm_treespec.engine.runner_state import (batch_req_ids, batch_wants_logprobs,
                                                discarded_rows, request_sampling, runner_device)
 from vllm_treespec.engine.tree_verifier import SAMPLING_EPS, acceptance_generators
 from vllm_treespec.tree.batch import TreeBatch
@@ -25,9 +25,9 @@ __all__ = ["sample_plain_step"]
 def sample_plain_step(runner: Any, logits: Any, vllm_sample: Callable[[], Any], query_start_loc: np.ndarray,
                       requests: RequestTable, coin_rows: int) -> Any:
     """vLLM's SamplerOutput for the plain step whose query_start_loc [num_reqs + 1] is given,
-    seeded sampled requests (that trees may serve) re-drawn from their own streams."""
-    if not batch_has_seeded_sampling(runner):      # the common case: nothing to re-draw
-        return vllm_sample()
+    seeded sampled requests (that trees may serve) re-drawn from their own streams. The `_sample`
+    patch calls it only for a batch with seeded sampling (engine/runner_patches.py: without
+    any there is nothing to re-draw, and the patch runs vLLM's sampler directly)."""
     from vllm.v1.outputs import SamplerOutput
 
     num_reqs = int(query_start_loc.size - 1)

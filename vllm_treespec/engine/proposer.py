@@ -155,10 +155,9 @@ class TreeProposer:
                 num_tokens=np.asarray(num_tokens_no_spec[:n], dtype=np.int64),
                 budgets=np.array(caps, dtype=np.int64), target=target,
                 sampling=sampling, tree_overrides=choice.tree_params({})))   # a table rule's tree keys
-        if self.budget.rating:
-            self.budget.rate_drafts(self.requests, req_ids, proposal, caps)
-        self.drafted = proposal is not None and any(t is not None and t.num_draft for t in proposal.trees)
+        self.budget.rate_drafts(self.requests, req_ids, proposal, caps)
         drafts = self.requests.record_drafts(req_ids, proposal, decoding, caps)
+        self.drafted = any(drafts)
         self.budget.draft_seconds = time.perf_counter() - start
         self.stats.observe_draft(self.budget.draft_seconds, [c for c, d in zip(caps, decoding) if d],
                                  proposal.trees if proposal is not None else ())

@@ -76,6 +76,16 @@ def _publish_plan(proposer: Any, step: Any) -> None:
     set_current_step(step)
 
 
+def _without_speculation(runner: Any, method: Callable[..., Any], *args: Any) -> Any:
+    """`method(runner, *args)` with the runner's speculative config hidden: the vLLM 0.32 runner
+    methods a free idle step calls take the plain path when it is None."""
+    spec_config, runner.speculative_config = runner.speculative_config, None
+    try:
+        return method(runner, *args)
+    finally:
+        runner.speculative_config = spec_config
+
+
 def _wrap_propose_draft_token_ids(original: Callable[..., Any]) -> Callable[..., Any]:
     def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, sampling_metadata,
                                 hidden_states, sample_hidden_states, aux_hidden_states,
@@ -110,11 +120,7 @@ def _wrap_prepare_inputs(original: Callable[..., Any]) -> Callable[..., Any]:
             # free idle step: no request carries drafts, so vLLM prepares a plain step (no
             # spec-decode metadata, one logits row per request, its plain sampler); vLLM 0.32 keys
             # that on `speculative_config`, which only this call reads (see module docstring)
-            spec_config, self.speculative_config = self.speculative_config, None
-            try:
-                result = original(self, scheduler_output, num_scheduled_tokens)
-            finally:
-                self.speculative_config = spec_config
+            result = _without_speculation(self, original, scheduler_output, num_scheduled_tokens)
             proposer.step_started_at = started
             proposer.plan_plain_step(step_query_start(self))
             return result
@@ -174,11 +180,7 @@ def _wrap_preprocess(original: Callable[..., Any]) -> Callable[..., Any]:
         if proposer is None or not proposer.plain_step:
             return original(self, scheduler_output, num_input_tokens, intermediate_tensors)
         # a free idle step has no draft placeholders (-1) among its input ids to clamp
-        spec_config, self.speculative_config = self.speculative_config, None
-        try:
-            return original(self, scheduler_output, num_input_tokens, intermediate_tensors)
-        finally:
-            self.speculative_config = spec_config
+        return _without_speculation(self, original, scheduler_output, num_input_tokens, intermediate_tensors)
 
     return _preprocess
 
