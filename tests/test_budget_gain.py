@@ -406,6 +406,21 @@ def test_a_step_is_speculative_only_if_its_drafts_together_pay_for_it():
     assert gain.settle([GainDecision(0)] * 3)                         # nothing drafts: nothing held
     assert gain.settle([one, GainDecision(2, probe=True)])           # a probe makes the step speculative
     assert gain.settle([one, GainDecision(3, net=0.0, own=True)])    # so does a seeded request
+    # a shadow probe is verified in no step (budget/shadow.py): it pays for none and is not held
+    assert not gain.settle([one, GainDecision(2, probe=True, shadow=True)])
+    assert gain.settle([GainDecision(2, probe=True, shadow=True)])
+
+
+def test_probes_are_shadow_probes_except_for_seeded_requests():
+    gain = GainControl(8, probe_every=1, max_probe_every=1, shadow_probes=True, calibrate_every=0)
+    reqs = _Requests(gain)
+    for r in ("unseeded", "seeded"):
+        _learn(gain, reqs[r], 8, 0)
+    gain.begin_step()
+    unseeded = gain.decide(reqs["unseeded"], 8, costs=_costs(0.1, 1.0))
+    seeded = gain.decide(reqs["seeded"], 8, seeded_sampled=True)
+    assert unseeded.probe and unseeded.shadow
+    assert seeded.probe and not seeded.shadow
 
 
 def test_held_drafts_leave_the_requests_state_alone():

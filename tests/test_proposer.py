@@ -398,6 +398,58 @@ def test_an_unseeded_request_whose_draft_the_step_held_sits_out_the_next_steps(m
     assert looked_up == ids and p.requests["sampled"].gain.held_for == 4
 
 
+def test_an_unseeded_probe_is_settled_by_the_tokens_sampled_next_not_verified():
+    """budget.gain's probe of an unseeded sampled request is drafted but not sent (the step stays
+    plain); the tokens the request samples in the next steps settle it as a verified tree would
+    be (budget/shadow.py). A seeded request's probe is verified as before: its decisions rest on
+    its own verified history."""
+    from vllm import SamplingParams
+
+    from vllm_treespec.budget.gain import GainCosts
+    from vllm_treespec.engine.proposer import TreeProposer
+
+    p = TreeProposer(_vllm_config(k=4, treespec={"drafter": {"type": "prompt_lookup"}, "budget": {"gain": {
+        "enabled": True, "probe_every": 2, "max_probe_every": 2, "fixed_row_cost": 1.0,
+        "fixed_request_cost": 64.0}}}))
+    p.budget.gain.measured_costs = lambda: GainCosts(row=10.0, request=10.0, greedy_request=10.0)
+    ids = ["unseeded", "seeded"]
+    text = [1, 2, 3, 9, 1, 2, 3]
+
+    def step(rows):
+        runner = _runner(rows, ids)
+        runner.requests = {r: SimpleNamespace(sampling_params=SamplingParams(temperature=0.8, seed=seed),
+                                              output_token_ids=[1]) for r, seed in zip(ids, (None, 3))}
+        return p.propose_step(runner, _sched(), [[3]] * 2)
+
+    assert step([text] * 2) == [[], []]                    # nothing pays; no probe due yet
+    assert step([text] * 2) == [[], [9, 1]]                # both probe: the seeded one is sent
+    shadow = p.requests["unseeded"].shadow
+    assert shadow is not None and shadow.tree.draft_token_ids() == [9, 1] and shadow.start == len(text)
+    assert p.stats.gain_decisions["probe"] == 2
+    step([text + [9], text])                               # node 9 has a child: not settled yet
+    assert p.requests["unseeded"].shadow is shadow and p.stats.shadow_probes == 0
+    step([text + [9, 1], text])                            # the whole chain, to its leaf
+    assert (p.stats.shadow_probes, p.stats.shadow_accepted) == (1, 2)
+    assert p.requests["unseeded"].gain.acceptance is not None
+
+
+def test_drafters_with_q_or_target_states_keep_verified_probes():
+    """Shadow probes measure the target-only rule; drafts verified against their drafter's q, or
+    drafted from the target's states, keep verified probes."""
+    from vllm_treespec.drafters.base import DrafterCapabilities
+    from vllm_treespec.engine.proposer import TreeProposer
+
+    cfg = _vllm_config(k=4, treespec={"drafter": {"type": "prompt_lookup"}, "budget": {"gain": {"enabled": True}}})
+    assert TreeProposer(cfg).budget.gain.shadow_probes
+    for caps in (DrafterCapabilities(samples_drafts=True), DrafterCapabilities(uses_target_states=True)):
+        budget = TreeProposer(cfg).budget
+        budget.use_drafter(caps)
+        assert not budget.gain.shadow_probes
+    off = _vllm_config(k=4, treespec={"drafter": {"type": "prompt_lookup"},
+                                      "budget": {"gain": {"enabled": True, "shadow_probes": False}}})
+    assert not TreeProposer(off).budget.gain.shadow_probes
+
+
 def test_only_tree_deployments_replace_the_attention_backend(monkeypatch):
     """A chain deployment leaves vLLM's attention backend alone (the tree wrapper would cost a
     call per layer and step for nothing); one that drafts branching trees registers the tree

@@ -468,6 +468,12 @@ class GainConfig:
         "... doubling after each probe not accepted to its end, up to this many (a probe "
         "accepted whole, or drafting that pays again, resets it)."))
     probe_nodes: int = spec(2, ge=1, le=1024, doc="Nodes of a probe draft.")
+    shadow_probes: bool = spec(True, doc=(
+        "A probe of a request that is not seeded is not verified: its tree is walked with the "
+        "tokens the request samples next, which accepts the same path in distribution for "
+        "drafts without q, so probes never make a step speculative (budget/shadow.py). Seeded "
+        "requests, and drafters that sample their drafts or read the target's states, keep "
+        "verified probes."))
     fixed_row_cost: float = spec(0.05, ge=0.0, le=1.0, doc=(
         "Seeded sampled requests: the cost of a verified row in tokens (their trees, and so their "
         "tokens, must not depend on other traffic, so measured costs are not used for them) ..."))

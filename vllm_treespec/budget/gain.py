@@ -314,6 +314,8 @@ class GainDecision:
     own: bool = False         # decided on the request's own history alone (seeded sampled)
     explore: bool = False     # kept by an exploration step, whatever rows cost (`begin_step`)
     held: bool = False        # sitting out the steps after its draft was held back (`GainControl.hold`)
+    shadow: bool = False      # a probe checked against the tokens the request samples next, not
+                              # verified: it never makes the step speculative (budget/shadow.py)
 
 
 GAIN_DECISIONS = ("draft", "probe", "stopped", "calibration", "held", "declined", "explore")
@@ -353,14 +355,16 @@ class GainControl:
     are decided with; `margin`: measured costs are multiplied by it before deciding (what a
     speculative step costs beyond the model, e.g. the engine's per-step spec-decode handling,
     makes drafts that the model rates break-even lose: docs/never-slower.md); `prior` /
-    `prior_weight` / `decay`: the per-request acceptance model. Each request's state is a
+    `prior_weight` / `decay`: the per-request acceptance model; `shadow_probes`: probes of
+    requests that are not seeded are shadow probes (budget/shadow.py; the caller turns them
+    off for drafters whose trees are verified against their q). Each request's state is a
     `GainRecord` (`new_record`) that the caller keeps with the request and passes in; the
     controller holds only what is pooled (costs, the probe clock, the classes)."""
 
     def __init__(self, max_depth: int, *, probe_every: int = 8, max_probe_every: int = 64,
                  probe_nodes: int = 2, fixed_row_cost: float = 0.05, fixed_request_cost: float = 0.5,
                  margin: float = 1.5, prior: float = 0.8, prior_weight: float = 1.0,
-                 decay: float = 0.1, calibrate_every: int = 32) -> None:
+                 decay: float = 0.1, calibrate_every: int = 32, shadow_probes: bool = False) -> None:
         if max_depth < 1 or probe_every < 1 or max_probe_every < probe_every or probe_nodes < 1 \
                 or margin < 1.0 or calibrate_every < 0:
             raise ValueError("need max_depth >= 1, 1 <= probe_every <= max_probe_every, probe_nodes >= 1, "
@@ -372,6 +376,7 @@ class GainControl:
         self.max_depth = int(max_depth)
         self.probe_every, self.max_probe_every = int(probe_every), int(max_probe_every)
         self.probe_nodes = int(probe_nodes)
+        self.shadow_probes = bool(shadow_probes)
         self.fixed_row_cost, self.fixed_request_cost = float(fixed_row_cost), float(fixed_request_cost)
         self.reach = ReachCap(0.5, self.max_depth, prior=prior, prior_weight=prior_weight, decay=decay)
         self.cost = StepCost()
@@ -485,7 +490,8 @@ class GainControl:
         if self._due(waited, record.interval, seeded_sampled):
             record.waited = 0
             record.probing = True
-            return GainDecision(min(cap, self.probe_nodes), probe=True)
+            return GainDecision(min(cap, self.probe_nodes), probe=True,
+                                shadow=self.shadow_probes and not seeded_sampled)
         record.waited = waited
         return NO_DRAFT
 
@@ -540,12 +546,13 @@ class GainControl:
         """Whether this step's drafts together pay for making it speculative (module docstring).
         The speculative step's overhead (spec-decode metadata and tree acceptance for every
         request in the step) is paid once, by the step. So unless the step is speculative
-        anyway (a probe, or a seeded request, which decides on its own history), its drafts go
+        anyway (a verified probe, or a seeded request, which decides on its own history), its drafts go
         ahead only if their summed net gain (each net of its own costs) exceeds the whole
         overhead (times the margin); otherwise the caller holds them back and the step is a
         plain one. The held requests keep their state and decide again next step, except
-        unseeded sampled ones, which the caller `hold`s."""
-        drafts = [d for d in decisions if d.nodes > 0]
+        unseeded sampled ones, which the caller `hold`s. Shadow probes are verified in no step:
+        they neither pay for one nor are held."""
+        drafts = [d for d in decisions if d.nodes > 0 and not d.shadow]
         if not drafts or any(d.probe or d.own or d.explore for d in drafts):
             return True
         return sum(d.net for d in drafts) > self.margin * self.step_cost()

@@ -18,6 +18,7 @@ from vllm_treespec.budget import make_budget_policy
 from vllm_treespec.budget.confidence import GREEDY_CLASS, DraftCalibration, batch_path_probs
 from vllm_treespec.budget.gain import GainControl, GainDecision, GainRecord, decision_kind
 from vllm_treespec.budget.reach import ReachCap
+from vllm_treespec.budget.shadow import ShadowProbe
 from vllm_treespec.config import TreespecConfig
 from vllm_treespec.engine.request_table import RequestTable
 from vllm_treespec.engine.runner_state import request_limits, request_temperature, total_scheduled_tokens
@@ -52,7 +53,8 @@ class BudgetControl:
             self.node_budget, probe_every=gain.probe_every, max_probe_every=gain.max_probe_every,
             probe_nodes=gain.probe_nodes, fixed_row_cost=gain.fixed_row_cost,
             fixed_request_cost=gain.fixed_request_cost, margin=gain.margin,
-            calibrate_every=gain.calibrate_every) if gain.enabled else None
+            calibrate_every=gain.calibrate_every, shadow_probes=gain.shadow_probes) if gain.enabled else None
+        self._shadows: set[str] = set()    # requests whose shadow probe waits for their tokens
         # budget.gain.confidence: greedy requests draft first and keep what their drafter's
         # calibrated ratings say pays (budget/confidence.py). Any drafter: greedy trees are never
         # drawn from a drafter's q (only sampled requests' are), so no q rows are cut with them
@@ -60,6 +62,7 @@ class BudgetControl:
         # a step's gain decisions between `caps` and `rate_drafts` when some wait for their drafts:
         # (decided per request index, the records of those decided in full, the indices that wait)
         self._pending: tuple[dict[int, GainDecision | None], dict[int, GainRecord], list[int]] | None = None
+        self._shadow_indices: list[int] | None = None    # ... and those drafting a shadow probe
         # auto budgets depend on each rank's own timings: rank 0's choice is broadcast every step
         # so all tensor-parallel ranks draft the same trees
         self._sync = (config.budget.mode == "auto"
@@ -69,6 +72,14 @@ class BudgetControl:
         self.draft_seconds = 0.0       # the last drafting call's seconds
         self.spec_overhead = 0.0       # the last speculative step's seconds outside the forward
         self.last_propose_end: float | None = None    # when the last drafts were returned
+
+    def use_drafter(self, capabilities: Any) -> None:
+        """Shadow probes only for drafts verified by the target-only rule: a drafter that samples
+        its drafts (q rows, recursive rejection) accepts more than the tokens sampled next would
+        show, and one that reads the target's states drafts from rows a plain step does not
+        hand it in the same form (budget/shadow.py)."""
+        if self.gain is not None and (capabilities.samples_drafts or capabilities.uses_target_states):
+            self.gain.shadow_probes = False
 
     def profile_verify_cost(self, runner: Any) -> None:
         """budget.mode auto without budget.auto.profile (and startup_profile on): time the target's
@@ -100,6 +111,7 @@ class BudgetControl:
         decided: dict[int, GainDecision | None] = {}   # budget.gain's decision per request index
         records: dict[int, GainRecord] = {}            # ... and the state of those decided in full
         rated: list[int] = []          # request indices decided on their drafts (`rate_drafts`)
+        shadow: list[int] = []         # request indices drafting a shadow probe (`keep_shadow_probes`)
         self._pending = None
         if self.gain is not None:
             self.gain.begin_step()
@@ -137,6 +149,9 @@ class BudgetControl:
                 decision = self.gain.decide(record, caps[i], st.seeded_sampled, cls=st.gain_class)
                 caps[i] = decision.nodes
                 decided[i] = decision
+                if decision.shadow:
+                    shadow.append(i)
+        self._shadow_indices = shadow or None
         if rated:
             self._pending = (decided, records, rated)
         elif decided:
@@ -189,7 +204,7 @@ class BudgetControl:
         drafts = [d for d in decided.values() if d is not None and d.nodes > 0]
         if drafts and not self.gain.settle(drafts):
             for i, decision in decided.items():       # drafts that cannot pay for the step
-                if decision is not None and decision.nodes > 0:
+                if decision is not None and decision.nodes > 0 and not decision.shadow:
                     caps[i] = 0
                     decided[i] = None
                     if i in records:
@@ -209,6 +224,50 @@ class BudgetControl:
             counts[kind] = counts.get(kind, 0) + 1
         costs = self.gain.costs_this_step()
         self.stats.observe_gain(counts, costs, self.gain.cost.coefficients() if costs is not None else None)
+
+    # -- shadow probes (budget/shadow.py) ---------------------------------------------------------
+    def keep_shadow_probes(self, requests: RequestTable, req_ids: Sequence[str], proposal: Any,
+                           caps: list[int], lengths: Sequence[int]) -> None:
+        """Take this step's shadow probes out of the proposal (their trees are kept with their
+        requests, their caps set to 0), so that they are verified in no step."""
+        if self._shadow_indices is None:
+            return
+        indices, self._shadow_indices = self._shadow_indices, None
+        for i in indices:
+            tree = proposal.trees[i] if proposal is not None else None
+            caps[i] = 0
+            if tree is None or tree.num_draft == 0:
+                continue
+            req_id = req_ids[i]
+            requests.state(req_id).shadow = ShadowProbe(tree, int(lengths[i]))
+            self._shadows.add(req_id)
+            proposal.trees[i] = tree.prefix(0)
+
+    def settle_shadow_probes(self, requests: RequestTable, req_ids: Sequence[str], token_ids: Any,
+                             lengths: Sequence[int]) -> None:
+        """Walk each waiting shadow probe with the tokens its request produced since it was
+        drafted; one decided is observed as a verified tree of that request would be."""
+        if not self._shadows:
+            return
+        assert self.gain is not None
+        where = {req_id: i for i, req_id in enumerate(req_ids)}
+        for req_id in list(self._shadows):
+            st = requests.get(req_id)
+            probe = st.shadow if st is not None else None
+            if probe is None:                          # finished, or replaced by a newer probe
+                self._shadows.discard(req_id)
+                continue
+            i = where.get(req_id)
+            if i is None:                              # not in this step's batch (preempted)
+                continue
+            settled = probe.settle(token_ids[i, probe.start:int(lengths[i])].tolist())
+            if settled is None:
+                continue
+            depth, accepted = settled
+            st.shadow = None
+            self._shadows.discard(req_id)
+            self.gain.observe_trees([st.gain_record(self.gain)], [depth], [accepted])
+            self.stats.observe_shadow_probe(accepted)
 
     def _output_room(self, runner: Any, req_id: str, num_tokens: int) -> int:
         """Drafts the request can still emit: max_tokens minus its output so far, minus the token

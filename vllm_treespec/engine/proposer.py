@@ -68,6 +68,7 @@ class TreeProposer:
         self.drafter = make_drafter(self.config.drafter, tokenizer, self.config.tree,
                                     max_model_len=int(model.max_model_len), max_nodes=self.node_budget,
                                     vocab_limit=model.get_vocab_size())
+        self.budget.use_drafter(self.drafter.capabilities)
         self.requests = RequestTable()
         self.committed = CommittedRows()      # what the last step committed (target-state drafters)
         self.sampler = TreeStepSampler(coin_rows=k + 1)
@@ -144,6 +145,7 @@ class TreeProposer:
         # call costs microseconds with the caches cold from the forward pass
         lengths = np.asarray(num_tokens_no_spec[:n]).tolist()
         decoding = [len(s) > 0 for s in sampled_token_ids[:n]]
+        self.budget.settle_shadow_probes(self.requests, req_ids, token_ids_cpu, lengths)
         caps, choice = self.budget.caps(self.requests, runner, req_ids, lengths, decoding, budget)
         wants = self.drafter.capabilities
         proposal: Proposal | None = None     # None: nobody drafts, no drafter call (a free idle step)
@@ -156,6 +158,7 @@ class TreeProposer:
                 budgets=np.array(caps, dtype=np.int64), target=target,
                 sampling=sampling, tree_overrides=choice.tree_params({})))   # a table rule's tree keys
         self.budget.rate_drafts(self.requests, req_ids, proposal, caps)
+        self.budget.keep_shadow_probes(self.requests, req_ids, proposal, caps, lengths)
         drafts = self.requests.record_drafts(req_ids, proposal, decoding, caps)
         self.drafted = any(drafts)
         self.budget.draft_seconds = time.perf_counter() - start

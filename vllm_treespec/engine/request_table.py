@@ -16,6 +16,7 @@ import torch
 
 from vllm_treespec.budget.gain import GainControl, GainRecord, gain_class
 from vllm_treespec.budget.reach import SAMPLED, ReachCap, ReachRecord
+from vllm_treespec.budget.shadow import ShadowProbe
 from vllm_treespec.drafters.base import Proposal
 from vllm_treespec.engine.eligibility import pending_min_tokens, static_blocker
 from vllm_treespec.engine.request_options import RequestOptionError, parse_request_options
@@ -53,6 +54,7 @@ class RequestState:
     gain: GainRecord | None = None      # budget.gain: its acceptance, probe schedule and class
     rated: Any = None                   # budget.gain.confidence: float [n] path probabilities of its
                                         # kept nodes (greedy requests only) until they are verified
+    shadow: ShadowProbe | None = None   # budget.gain: its probe waiting for the tokens it samples
 
     def read_options(self, params: Any) -> None:
         """The request's fixed options: what keeps it from drafting, its own node cap

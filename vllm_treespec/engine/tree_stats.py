@@ -42,6 +42,8 @@ class TreeStats:
     budget_choices: dict[int, int] = field(default_factory=dict)   # policy choice -> steps
     reach_caps: dict[str, float] = field(default_factory=dict)     # budget.reach_floor: class -> mean cap
     gain_decisions: dict[str, int] = field(default_factory=dict)   # budget.gain: kind -> requests
+    shadow_probes: int = 0       # budget.gain: shadow probes settled (budget/shadow.py) ...
+    shadow_accepted: int = 0     # ... and the nodes they accepted
     metrics: Any = None          # TreeMetrics, or None when this worker exports nothing
     # plain lists: a step adds one count per tree, which numpy's per-call cost would dominate
     nodes_hist: list[int] = field(init=False)
@@ -119,6 +121,12 @@ class TreeStats:
         for kind, n in counts.items():
             self.gain_decisions[kind] = self.gain_decisions.get(kind, 0) + n
 
+    def observe_shadow_probe(self, accepted: int) -> None:
+        """budget.gain: a shadow probe settled by the tokens its request sampled, `accepted` of
+        its nodes on the path (budget/shadow.py)."""
+        self.shadow_probes += 1
+        self.shadow_accepted += accepted
+
     def observe_fallback(self, reason: str) -> None:
         """A decoding request got no drafts this step; reason: the request option that forbids
         them (engine/eligibility.py). Counted on /metrics only: the proposer keeps per-request
@@ -143,4 +151,5 @@ class TreeStats:
             "budget_choices": dict(sorted(self.budget_choices.items())),
             "reach_caps": dict(self.reach_caps),
             "gain_decisions": dict(self.gain_decisions),
+            "shadow_probes": self.shadow_probes, "shadow_accepted": self.shadow_accepted,
         }
