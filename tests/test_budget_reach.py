@@ -125,3 +125,15 @@ def test_reach_caps_reach_stats_and_the_prometheus_gauge():
     assert stats.summary()["reach_caps"] == {GREEDY: 8.0, SAMPLED: 2.5}
     assert registry.get_sample_value("treespec_reach_cap_nodes", {"model_name": "m", "sampling": SAMPLED}) == 2.5
     assert registry.get_sample_value("treespec_reach_cap_nodes", {"model_name": "m", "sampling": GREEDY}) == 8.0
+
+
+def test_a_rule_that_keeps_no_caps_still_learns_reach():
+    """budget.gain's reach rule reads only `reach`: its records' caps are not recomputed."""
+    capless = ReachCap(0.5, 4, keeps_caps=False)
+    capped = ReachCap(0.5, 4)
+    a, b = capless.new_record(), capped.new_record()
+    for _ in range(20):
+        capless.observe([a], [4], [0])
+        capped.observe([b], [4], [0])
+    assert a.cap == 4 and b.cap == 1
+    np.testing.assert_array_equal(capless.reach(a), capped.reach(b))

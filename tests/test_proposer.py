@@ -475,3 +475,27 @@ def test_only_tree_deployments_replace_the_attention_backend(monkeypatch):
         chain.plan_step(["a"], np.array([4]), {"a": [4, 5, 6]}, np.array([0, 4]), np.array([10]))
     chain.requests.state("a").tree = DraftTree.chain(7, [4, 5])
     assert chain.plan_step(["a"], np.array([3]), {"a": [4, 5]}, np.array([0, 3]), np.array([10])).attn is None
+
+
+def test_rated_trees_calibrate_in_one_update_as_tree_by_tree():
+    """The step's rated trees update the calibration at once; the counts are those of one update
+    per tree (nodes past what vLLM scheduled, and accepted ids past them, are left out)."""
+    from vllm_treespec.budget.confidence import GREEDY_CLASS, DraftCalibration
+    from vllm_treespec.engine.proposer import TreeProposer
+
+    p = TreeProposer(_vllm_config(k=4, treespec={"drafter": {"type": "prompt_lookup"},
+                                                 "budget": {"gain": {"enabled": True, "confidence": True}}}))
+    rated = {"a": np.array([0.9, 0.7, 0.4]), "b": None, "c": np.array([0.95, 0.05]), "d": np.array([0.3])}
+    for req_id, probs in rated.items():
+        p.requests.state(req_id).rated = probs
+    sizes = [3, 2, 1, 1]                                   # vLLM scheduled one node of c's two
+    accepted_nodes = np.array([[1, 2, -1], [1, -1, -1], [1, 2, -1], [-1, -1, -1]])
+    p.budget._observe_rated(p.requests, list(rated), sizes, accepted_nodes)
+    reference = DraftCalibration()
+    reference.observe(GREEDY_CLASS, rated["a"], np.array([True, True, False]))
+    reference.observe(GREEDY_CLASS, rated["c"][:1], np.array([True]))
+    reference.observe(GREEDY_CLASS, rated["d"], np.array([False]))
+    np.testing.assert_array_equal(p.budget.calibration.observed(GREEDY_CLASS),
+                                  reference.observed(GREEDY_CLASS))
+    np.testing.assert_allclose(p.budget.calibration.rates(GREEDY_CLASS), reference.rates(GREEDY_CLASS))
+    assert all(p.requests[r].rated is None for r in rated)

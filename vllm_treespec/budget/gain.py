@@ -378,7 +378,8 @@ class GainControl:
         self.probe_nodes = int(probe_nodes)
         self.shadow_probes = bool(shadow_probes)
         self.fixed_row_cost, self.fixed_request_cost = float(fixed_row_cost), float(fixed_request_cost)
-        self.reach = ReachCap(0.5, self.max_depth, prior=prior, prior_weight=prior_weight, decay=decay)
+        self.reach = ReachCap(0.5, self.max_depth, prior=prior, prior_weight=prior_weight, decay=decay,
+                              keeps_caps=False)
         self.cost = StepCost()
         self._drafter_seconds = 0.0      # per drafting request, moving average
         self._drafting = 1               # requests that drafted in the last speculative step

@@ -69,17 +69,20 @@ class ReachCap:
     """See the module docstring. `max_depth`: the deepest draft any request can have;
     `prior`/`prior_weight`: the conditional acceptance assumed before a request's observations
     (optimistic, so it drafts fully first); `decay`: the weight its counts lose per observed step
-    (recent steps dominate). The rule holds only these settings; each request's counts and cap
+    (recent steps dominate); `keeps_caps`: whether `observe` updates each record's cap (budget.gain
+    reads only `reach`, and recomputing a cap it never reads cost every verified request a few
+    numpy calls per step). The rule holds only these settings; each request's counts and cap
     are its `ReachRecord` (`new_record`), which the caller keeps with the request."""
 
     def __init__(self, floor: float, max_depth: int, *, prior: float = 0.9, prior_weight: float = 1.0,
-                 decay: float = 0.02) -> None:
+                 decay: float = 0.02, keeps_caps: bool = True) -> None:
         if not 0.0 < floor < 1.0:
             raise ValueError(f"floor must be in (0, 1), got {floor}")
         if max_depth < 1 or not 0.0 < prior <= 1.0 or prior_weight <= 0 or not 0.0 <= decay < 1.0:
             raise ValueError("need max_depth >= 1, 0 < prior <= 1, prior_weight > 0, 0 <= decay < 1")
         self.floor, self.max_depth = float(floor), int(max_depth)
         self.prior, self.prior_weight, self.decay = float(prior), float(prior_weight), float(decay)
+        self.keeps_caps = bool(keeps_caps)
 
     @staticmethod
     def sampling_class(temperature: float | None) -> str:
@@ -117,5 +120,5 @@ class ReachCap:
         if not len(records) == len(depths) == len(accepted):
             raise ValueError("records, depths and accepted need one entry per drafted request")
         for record, depth, acc in zip(records, depths, accepted):
-            if observe_depths(record.reached, record.accepted, self.decay, depth, acc):
+            if observe_depths(record.reached, record.accepted, self.decay, depth, acc) and self.keeps_caps:
                 record.cap = max(1, int(np.count_nonzero(self.reach(record) >= self.floor)))
