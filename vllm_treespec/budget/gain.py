@@ -8,7 +8,9 @@ worth drafting at all when its nodes' net gain exceeds the fixed cost of a specu
 (drafting, spec-decode metadata, tree acceptance). Requests whose drafts do not pay stop drafting
 (no rows, no drafter call; a step where nobody drafts is a plain step, runner_patches) and are
 probed again now and then with a small draft, on a schedule that backs off while probes are
-not accepted whole.
+not accepted whole. The probes of requests that are not seeded are shadow probes
+(budget/shadow.py): drafted but not verified, settled by the tokens the request samples next,
+so a probe costs a drafter call and no speculative step.
 
 Per request, step and candidate depth d the controller compares
     reach(d)                                      P(the request accepts through depth d), its own
@@ -570,8 +572,8 @@ class GainControl:
             record.held_for = self.probe_every
 
     def _due(self, waited: int, interval: int, seeded_sampled: bool) -> bool:
-        """Is a stopped request's probe due? A probe makes its whole step speculative (tree
-        acceptance for every request in it), so unseeded requests probe together, on the steps
+        """Is a stopped request's probe due? A verified probe makes its whole step speculative
+        (tree acceptance for every request in it), so unseeded requests probe together, on the steps
         that are multiples of their interval; a seeded request keeps its own clock (its tokens
         must not depend on other traffic)."""
         if seeded_sampled:
@@ -584,8 +586,9 @@ class GainControl:
         """One verified step: per drafted request its state, its deepest node's depth and
         accepted length.
         A probe that is not accepted to its end doubles the request's probe interval (up to the
-        maximum): a probe makes its whole step speculative, so a request whose probes accept a
-        little but not enough to draft must not probe often. One accepted to its end resets
+        maximum): a verified probe makes its whole step speculative and a shadow probe costs a
+        drafter call, so a request whose probes accept a little but not enough to draft must not
+        probe often. One accepted to its end resets
         the interval: its text is matching again, and one 2-node probe moves its acceptance too
         little to resume drafting at once (served at 8 greedy clients, 90% of decisions were
         `stopped` while probes accepted 2.3 tokens per tree). The interval also resets when
