@@ -388,6 +388,7 @@ def test_an_unseeded_request_whose_draft_the_step_held_sits_out_the_next_steps(m
     assert p.propose_step(runner, _sched(), [[3]] * 2) == [[], []]      # both held
     assert looked_up == ids and p.requests["sampled"].gain.held_for == 4
     assert p.stats.gain_decisions["held"] == 2
+    assert p.stats.step_kinds == {"held": 1}                         # the step went plain, held
     for step in range(4):                                                # the sampled one sits out
         looked_up.clear()
         assert p.propose_step(runner, _sched(), [[3]] * 2) == [[], []]
@@ -422,6 +423,7 @@ def test_an_unseeded_probe_is_settled_by_the_tokens_sampled_next_not_verified():
         return p.propose_step(runner, _sched(), [[3]] * 2)
 
     assert step([text] * 2) == [[], []]                    # nothing pays; no probe due yet
+    assert p.stats.step_kinds == {"no drafts": 1}
     assert step([text] * 2) == [[], [9, 1]]                # both probe: the seeded one is sent
     shadow = p.requests["unseeded"].shadow
     assert shadow is not None and shadow.tree.draft_token_ids() == [9, 1] and shadow.start == len(text)
@@ -430,6 +432,8 @@ def test_an_unseeded_probe_is_settled_by_the_tokens_sampled_next_not_verified():
     assert p.requests["unseeded"].shadow is shadow and p.stats.shadow_probes == 0
     step([text + [9, 1], text])                            # the whole chain, to its leaf
     assert (p.stats.shadow_probes, p.stats.shadow_accepted) == (1, 2)
+    # speculative only in the seeded request's probe steps (2 and 4), never for the shadow probes
+    assert p.stats.step_kinds == {"no drafts": 2, "speculative": 2}
     assert p.requests["unseeded"].gain.acceptance is not None
 
 

@@ -63,6 +63,7 @@ class BudgetControl:
         # (decided per request index, the records of those decided in full, the indices that wait)
         self._pending: tuple[dict[int, GainDecision | None], dict[int, GainRecord], list[int]] | None = None
         self._shadow_indices: list[int] | None = None    # ... and those drafting a shadow probe
+        self.step_held = False         # this step's drafts were held back (`_settle`)
         # auto budgets depend on each rank's own timings: rank 0's choice is broadcast every step
         # so all tensor-parallel ranks draft the same trees
         self._sync = (config.budget.mode == "auto"
@@ -113,6 +114,7 @@ class BudgetControl:
         rated: list[int] = []          # request indices decided on their drafts (`rate_drafts`)
         shadow: list[int] = []         # request indices drafting a shadow probe (`keep_shadow_probes`)
         self._pending = None
+        self.step_held = False
         if self.gain is not None:
             self.gain.begin_step()
         for i, cap in enumerate(caps):
@@ -203,6 +205,7 @@ class BudgetControl:
         rated = set(rated)
         drafts = [d for d in decided.values() if d is not None and d.nodes > 0]
         if drafts and not self.gain.settle(drafts):
+            self.step_held = True
             for i, decision in decided.items():       # drafts that cannot pay for the step
                 if decision is not None and decision.nodes > 0 and not decision.shadow:
                     caps[i] = 0
@@ -224,6 +227,18 @@ class BudgetControl:
             counts[kind] = counts.get(kind, 0) + 1
         costs = self.gain.costs_this_step()
         self.stats.observe_gain(counts, costs, self.gain.cost.coefficients() if costs is not None else None)
+
+    def step_kind(self, drafted: bool, decoding: Sequence[bool]) -> str:
+        """Why this step is speculative or plain, for counting (`STEP_KINDS`)."""
+        if drafted:
+            return "speculative"
+        if not any(decoding):
+            return "prefill"
+        if self.step_held:
+            return "held"
+        if self.gain is not None and self.gain.calibrating:
+            return "calibration"
+        return "no drafts"
 
     # -- shadow probes (budget/shadow.py) ---------------------------------------------------------
     def keep_shadow_probes(self, requests: RequestTable, req_ids: Sequence[str], proposal: Any,

@@ -161,6 +161,7 @@ class TreeProposer:
         self.budget.keep_shadow_probes(self.requests, req_ids, proposal, caps, lengths)
         drafts = self.requests.record_drafts(req_ids, proposal, decoding, caps)
         self.drafted = any(drafts)
+        self.stats.observe_step_kind(self.budget.step_kind(self.drafted, decoding))
         self.budget.draft_seconds = time.perf_counter() - start
         self.stats.observe_draft(self.budget.draft_seconds, [c for c, d in zip(caps, decoding) if d],
                                  proposal.trees if proposal is not None else ())

@@ -42,6 +42,7 @@ class TreeStats:
     budget_choices: dict[int, int] = field(default_factory=dict)   # policy choice -> steps
     reach_caps: dict[str, float] = field(default_factory=dict)     # budget.reach_floor: class -> mean cap
     gain_decisions: dict[str, int] = field(default_factory=dict)   # budget.gain: kind -> requests
+    step_kinds: dict[str, int] = field(default_factory=dict)       # BudgetControl.step_kind -> steps
     shadow_probes: int = 0       # budget.gain: shadow probes settled (budget/shadow.py) ...
     shadow_accepted: int = 0     # ... and the nodes they accepted
     metrics: Any = None          # TreeMetrics, or None when this worker exports nothing
@@ -121,6 +122,11 @@ class TreeStats:
         for kind, n in counts.items():
             self.gain_decisions[kind] = self.gain_decisions.get(kind, 0) + n
 
+    def observe_step_kind(self, kind: str) -> None:
+        """One drafting call's step: speculative, or plain and why (held, calibration, no
+        drafts, prefill; engine/budget_control.py `step_kind`)."""
+        self.step_kinds[kind] = self.step_kinds.get(kind, 0) + 1
+
     def observe_shadow_probe(self, accepted: int) -> None:
         """budget.gain: a shadow probe settled by the tokens its request sampled, `accepted` of
         its nodes on the path (budget/shadow.py)."""
@@ -151,5 +157,6 @@ class TreeStats:
             "budget_choices": dict(sorted(self.budget_choices.items())),
             "reach_caps": dict(self.reach_caps),
             "gain_decisions": dict(self.gain_decisions),
+            "step_kinds": dict(self.step_kinds),
             "shadow_probes": self.shadow_probes, "shadow_accepted": self.shadow_accepted,
         }
