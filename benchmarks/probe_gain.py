@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         "drafter_ms_per_drafting_request": 1e3 * gain._drafter_seconds,
         "stats": {k: stats[k] for k in ("draft_steps", "draft_ms_per_step", "mean_budget", "verify_steps", "verify_ms_per_step",
                                         "worker_step_ms", "verified_trees", "mean_accepted", "nodes_hist",
-                                        "gain_decisions")},
+                                        "gain_decisions", "step_kinds", "shadow_probes", "shadow_accepted")},
     }
     print(json.dumps(record, indent=1))
     if ns.output:
