@@ -182,6 +182,18 @@ def drift_corrected(pairs: list[dict[str, Any]]) -> tuple[float | None, float | 
     return (ta / fa) / (tb / fb), statistics.median(per_pair)
 
 
+def paired_prompts(num_prompts: int, unseen: bool) -> list[str]:
+    """The prompts of a paired run: third-party function heads (benchmarks/unseen_prompts.py) or
+    the fixtures' held-out stdlib text, seed 0 either way."""
+    if unseen:
+        from unseen_prompts import build_prompts
+
+        return [p.text for p in build_prompts(num_prompts, seed=0)]
+    from vllm_treespec.train.corpus import held_out_prompts
+
+    return held_out_prompts(num_prompts, seed=0)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--a", default="ngram:12", help="reference config (default: vLLM ngram K=12)")
@@ -220,18 +232,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     ns = parse_args(argv)
     from treespec_fixtures import build_fixture
-    from vllm_treespec.train.corpus import held_out_prompts
     from treespec_fixtures.prebuild import prebuild_engine_fixtures
 
     model = str(build_fixture(ns.fixture))
     for spec in (ns.a, ns.b):               # here, on every core, not in a core-pinned worker
         prebuild_engine_fixtures(engine_kwargs(spec), model)
-    if ns.unseen:
-        from unseen_prompts import build_prompts
-
-        prompts = [p.text for p in build_prompts(ns.num_prompts, seed=0)]
-    else:
-        prompts = held_out_prompts(ns.num_prompts, seed=0)
+    prompts = paired_prompts(ns.num_prompts, ns.unseen)
     n = ns.concurrency
     batches = [prompts[i:i + n] for i in range(0, len(prompts), n)]
     ctx = mp.get_context("spawn")

@@ -155,26 +155,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ns
 
 
-def _prompts(ns: argparse.Namespace) -> list[str]:
-    if ns.unseen:
-        from unseen_prompts import build_prompts
-
-        return [p.text for p in build_prompts(ns.num_prompts, seed=0)]
-    from vllm_treespec.train.corpus import held_out_prompts
-
-    return held_out_prompts(ns.num_prompts, seed=0)
-
-
 def main(argv: list[str] | None = None) -> int:
     ns = parse_args(argv)
-    from bench_paired import engine_kwargs, resolved
+    from bench_paired import engine_kwargs, paired_prompts, resolved
     from treespec_fixtures import build_fixture
     from treespec_fixtures.prebuild import prebuild_engine_fixtures
 
     model = str(build_fixture(ns.fixture))
     for spec in ns.configs:
         prebuild_engine_fixtures(engine_kwargs(spec), model)
-    prompts = _prompts(ns)
+    prompts = paired_prompts(ns.num_prompts, ns.unseen)
     batches = [prompts[i:i + ns.concurrency] for i in range(0, len(prompts), ns.concurrency)]
     ctx = mp.get_context("spawn")
     engines = []

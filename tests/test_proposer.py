@@ -399,11 +399,12 @@ def test_an_unseeded_request_whose_draft_the_step_held_sits_out_the_next_steps(m
     assert looked_up == ids and p.requests["sampled"].gain.held_for == 4
 
 
-def test_an_unseeded_probe_is_settled_by_the_tokens_sampled_next_not_verified():
+@pytest.mark.parametrize("reach_floor", [0.0, 0.3])
+def test_an_unseeded_probe_is_settled_by_the_tokens_sampled_next_not_verified(reach_floor):
     """budget.gain's probe of an unseeded sampled request is drafted but not sent (the step stays
     plain); the tokens the request samples in the next steps settle it as a verified tree would
-    be (budget/shadow.py). A seeded request's probe is verified as before: its decisions rest on
-    its own verified history."""
+    be (budget/shadow.py), budget.reach_floor learning from it too. A seeded request's probe is
+    verified as before: its decisions rest on its own verified history."""
     from vllm import SamplingParams
 
     from vllm_treespec.budget.gain import GainCosts
@@ -411,7 +412,7 @@ def test_an_unseeded_probe_is_settled_by_the_tokens_sampled_next_not_verified():
 
     p = TreeProposer(_vllm_config(k=4, treespec={"drafter": {"type": "prompt_lookup"}, "budget": {"gain": {
         "enabled": True, "probe_every": 2, "max_probe_every": 2, "fixed_row_cost": 1.0,
-        "fixed_request_cost": 64.0}}}))
+        "fixed_request_cost": 64.0}, "reach_floor": reach_floor}}))
     p.budget.gain.measured_costs = lambda: GainCosts(row=10.0, request=10.0, greedy_request=10.0)
     ids = ["unseeded", "seeded"]
     text = [1, 2, 3, 9, 1, 2, 3]
@@ -435,6 +436,10 @@ def test_an_unseeded_probe_is_settled_by_the_tokens_sampled_next_not_verified():
     # speculative only in the seeded request's probe steps (2 and 4), never for the shadow probes
     assert p.stats.step_kinds == {"no drafts": 2, "speculative": 2}
     assert p.requests["unseeded"].gain.acceptance is not None
+    if reach_floor:                                        # one 2-deep tree, accepted whole
+        assert p.requests["unseeded"].reach.accepted[:2].tolist() == [1.0, 1.0]
+    else:
+        assert p.requests["unseeded"].reach is None
 
 
 def test_drafters_with_q_or_target_states_keep_verified_probes():

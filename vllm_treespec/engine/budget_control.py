@@ -229,7 +229,8 @@ class BudgetControl:
         self.stats.observe_gain(counts, costs, self.gain.cost.coefficients() if costs is not None else None)
 
     def step_kind(self, drafted: bool, decoding: Sequence[bool]) -> str:
-        """Why this step is speculative or plain, for counting (`STEP_KINDS`)."""
+        """Why this step is speculative or plain, for counting: speculative, prefill (nobody
+        decodes), held (`_settle` held its drafts back), calibration or no drafts."""
         if drafted:
             return "speculative"
         if not any(decoding):
@@ -281,7 +282,7 @@ class BudgetControl:
             depth, accepted = settled
             st.shadow = None
             self._shadows.discard(req_id)
-            self.gain.observe_trees([st.gain_record(self.gain)], [depth], [accepted])
+            self._observe_depths(requests, [st], [depth], [accepted])
             self.stats.observe_shadow_probe(accepted)
 
     def _output_room(self, runner: Any, req_id: str, num_tokens: int) -> int:
@@ -309,12 +310,17 @@ class BudgetControl:
             return
         offsets = step.trees.offsets.numpy()
         depths = np.maximum.reduceat(step.trees.depth.numpy(), offsets[:-1]).tolist()
-        states = [requests.state(r) for r in step.req_ids]
+        self._observe_depths(requests, [requests.state(r) for r in step.req_ids], depths, accepted_len)
+
+    def _observe_depths(self, requests: RequestTable, states: Sequence[Any], depths: Sequence[int],
+                        accepted: Sequence[int]) -> None:
+        """The reach and gain rules learn from trees, each its request's state, deepest node depth
+        and accepted length: verified trees and settled shadow probes alike."""
         if self.reach is not None:
-            self.reach.observe([st.reach_record(self.reach) for st in states], depths, accepted_len)
+            self.reach.observe([st.reach_record(self.reach) for st in states], depths, accepted)
             self.stats.observe_reach(self.reach_means(requests))
         if self.gain is not None:
-            self.gain.observe_trees([st.gain_record(self.gain) for st in states], depths, accepted_len)
+            self.gain.observe_trees([st.gain_record(self.gain) for st in states], depths, accepted)
 
     def _observe_rated(self, requests: RequestTable, req_ids: Sequence[str], sizes: Sequence[int],
                        accepted_nodes: np.ndarray) -> None:
