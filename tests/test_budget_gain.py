@@ -289,6 +289,10 @@ def test_gain_config_is_checked():
         load_config({"preset": "prompt-lookup", "budget": {"gain": {"calibrate_every": -1}}}, 8)
     assert load_config({"preset": "prompt-lookup",
                         "budget": {"gain": {"calibrate_every": 0}}}, 8).budget.gain.calibrate_every == 0
+    with pytest.raises(ConfigError, match=r"budget.gain.shadow_probes: expected true or false, got 'yes'"):
+        load_config({"preset": "prompt-lookup", "budget": {"gain": {"shadow_probes": "yes"}}}, 8)
+    assert not load_config({"preset": "prompt-lookup",
+                            "budget": {"gain": {"shadow_probes": False}}}, 8).budget.gain.shadow_probes
 
 
 def test_margin_stops_drafts_the_model_rates_break_even():
