@@ -40,6 +40,17 @@ by 30% (four processes and the client share two cores), and the median of many p
 holds still where the median of two or three pooled rounds does not. Every round's pooled ratio
 (summed tokens over summed seconds) is kept beside it (`ratio_rounds`).
 
+Drift-corrected ratios. Even the median of paired turns moved by tens of percent between runs
+here: an A/A pair (`off` against `off-sync`) read 0.65-1.06x. The VM's speed during a turn is
+what moves, and the model forward of the same rows is a yardstick of it. Every server therefore
+sums its own forward seconds into a file the client reads around each turn
+(`harness/forward_clock.py`, loaded into the server through PYTHONPATH, nothing in the plugin),
+and `ratio_drift_corrected` is the same median with each turn's seconds divided by that turn's
+forward seconds (`bench_paired` does the same offline). It measures each config's time outside
+the forward per unit of forward; it holds where both sides verify about the same rows (sampled
+cells in which gain control drafts little), and it is not a speedup where one side verifies many
+more rows (greedy cells, which have margin to spare on the raw ratio).
+
 Each (round, cell) gets its own prompts by default (--shared-prompts: one set everywhere). Two
 reasons: SuffixDecoding caches past responses in a global tree (up to 10000 requests) and would
 be served prompts it has already answered in greedy cells, and vLLM's prefix cache would skip
@@ -66,6 +77,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -261,6 +273,23 @@ def paired_ratio(turns: Sequence[tuple[int, float, int, float]]) -> float | None
     return ratios[(len(ratios) - 1) // 2] if ratios else None
 
 
+def paired_corrected_ratio(turns: Sequence[tuple[int, float, float, int, float, float]]) -> float | None:
+    """Median over a cell's batches of the drift-corrected ratio (harness.forward_clock); turns:
+    (tokens, seconds, forward seconds, off tokens, off seconds, off forward seconds) per batch.
+    None without a batch whose forward seconds were read on both sides."""
+    from harness.forward_clock import drift_corrected
+
+    ratios = sorted(r for r in (drift_corrected(*t) for t in turns) if r is not None)
+    return ratios[(len(ratios) - 1) // 2] if ratios else None
+
+
+def summed_corrected_ratio(turns: Sequence[tuple[int, float, float, int, float, float]]) -> float | None:
+    """The drift-corrected ratio of a cell's summed tokens, seconds and forward seconds."""
+    from harness.forward_clock import drift_corrected
+
+    return drift_corrected(*(sum(t[i] for t in turns) for i in range(6))) if turns else None
+
+
 def pooled_tau(windows: Sequence[tuple[float, float]]) -> float | None:
     """tau over several (drafts, accepted) windows: 1 + sum accepted / sum drafts."""
     drafts = sum(d for d, _ in windows)
@@ -432,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     from unseen_prompts import build_prompts, describe, prompts_sha256
     from treespec_fixtures.prebuild import prebuild_engine_fixtures
     from harness.report import hardware_info, hardware_line, software_info
+    from harness.forward_clock import clock_env, new_clock, read_clock
     from harness.serving import CPU_SERVE_ARGS, pin_frontend, run_load, scrape_spec_metrics, serve
 
     ns = parse_args(argv)
@@ -469,11 +499,14 @@ def main(argv: list[str] | None = None) -> int:
     samples: dict[tuple[int, str], dict[str, dict[str, Any]]] = {}    # (round, regime) -> label -> sample
     servers_info = []
     with ExitStack() as stack:
-        servers = []
-        for c in configs:           # one after the other: never two startups at once
+        servers, clocks = [], []
+        clock_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench_matrix_clock_")))
+        for j, c in enumerate(configs):     # one after the other: never two startups at once
             _log(f"[{c.label}] starting server ...")
             t0 = time.monotonic()
-            servers.append(stack.enter_context(serve(model_dir, c.args, base_args=base_args)))
+            clocks.append(new_clock(clock_dir / f"forward_{j}.bin"))
+            servers.append(stack.enter_context(serve(model_dir, c.args, base_args=base_args,
+                                                     env=clock_env(clocks[-1]))))
             servers_info.append({"spec": c.spec, "label": c.label, "args": list(c.args),
                                  "startup_s": round(time.monotonic() - t0, 1), "dtype": server_dtype(servers[-1])})
             if ns.pin_frontend:
@@ -496,13 +529,16 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(ns.idle_gap)
                 outputs: list[list[Any]] = [[None] * len(prompts) for _ in configs]
                 secs: list[list[float]] = [[] for _ in configs]
+                fwd: list[list[float]] = [[] for _ in configs]
                 turn_toks: list[list[int]] = [[] for _ in configs]
                 toks = [0] * len(configs)
                 for batch in batches(len(prompts), reg.concurrency):
                     for j in turn_order(len(configs), turn):
+                        clock_before = read_clock(clocks[j])[0]
                         load = run_load(servers[j], [prompts[i] for i in batch], max_tokens=ns.max_tokens,
                                         concurrency=reg.concurrency, temperature=reg.temperature)
                         secs[j].append(load.wall_s)
+                        fwd[j].append(read_clock(clocks[j])[0] - clock_before)
                         turn_toks[j].append(load.output_tokens)
                         toks[j] += load.output_tokens
                         for i, r in zip(batch, load.requests):
@@ -514,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
                 for j, c in enumerate(configs):
                     d = deltas[j]
                     entry = {"output_tokens": toks[j], "seconds": sum(secs[j]), "turn_seconds": secs[j],
+                             "turn_forward_seconds": fwd[j],
                              "turn_tokens": turn_toks[j],
                              "tau": d.tau, "acceptance_rate": d.acceptance_rate,
                              "drafts": d.drafts if d.present else None,
@@ -535,7 +572,9 @@ def main(argv: list[str] | None = None) -> int:
                 for c in configs[1:]:
                     e = cell[c.label]
                     paired = paired_ratio(_turns(e, cell[BASELINE]))
+                    corrected = paired_corrected_ratio(_corrected_turns(e, cell[BASELINE]))
                     parts.append(f"{c.label} {paired:.2f}x"
+                                 + (f" (corrected {corrected:.3f})" if corrected is not None else "")
                                  + (f" tau {e['tau']:.2f}" if e["tau"] is not None else "")
                                  + (f" eq {e['equal'][0]}/{e['equal'][1]}" if "equal" in e else ""))
                 _log(f"[round {rnd + 1}/{ns.rounds}] {reg.label}: " + " | ".join(parts))
@@ -550,8 +589,11 @@ def main(argv: list[str] | None = None) -> int:
             s = summary[lb]
             if lb != BASELINE:
                 s["ratio_pooled_median_round"] = s["ratio"]
-                s["ratio"] = paired_ratio([t for e, b in zip(rows, (pr[BASELINE] for pr in per_round))
-                                           for t in _turns(e, b)])
+                pairs = list(zip(rows, (pr[BASELINE] for pr in per_round)))
+                s["ratio"] = paired_ratio([t for e, b in pairs for t in _turns(e, b)])
+                corrected = [t for e, b in pairs for t in _corrected_turns(e, b)]
+                s["ratio_drift_corrected"] = paired_corrected_ratio(corrected)
+                s["ratio_drift_corrected_summed"] = summed_corrected_ratio(corrected)
             s["tau"] = pooled_tau([(e["drafts"], e["accepted_tokens"]) for e in rows if e["drafts"] is not None])
             s["tau_rounds"] = [e["tau"] for e in rows]
             s["tau_bound"] = tau_bound([(e["drafts"], e["output_tokens"]) for e in rows if e["drafts"] is not None])
@@ -566,6 +608,7 @@ def main(argv: list[str] | None = None) -> int:
     spec_labels = labels[1:]
     ratio_md = markdown_table(cells, spec_labels)
     tau_md = markdown_table(cells, spec_labels, key="tau", fmt="{:.2f}")
+    corrected_md = markdown_table(cells, spec_labels, key="ratio_drift_corrected", fmt="{:.3f}")
     mismatches = [(c["regime"], lb, m) for c in cells for lb in spec_labels
                   for m in c["configs"][lb].get("mismatches", [])]
     record = {
@@ -588,12 +631,16 @@ def main(argv: list[str] | None = None) -> int:
                      "turns": turns_total,
                      "median": "ratio: lower middle over the cell's batches (all rounds) of the config's "
                                "tokens/s over off's in the same batch; ratio_rounds: each round's pooled "
-                               "ratio; ratio_pooled_median_round: their lower middle"},
+                               "ratio; ratio_pooled_median_round: their lower middle",
+                     "drift_corrected": "ratio_drift_corrected: the same median with each turn's seconds "
+                                        "divided by the server's own model-forward seconds in that turn "
+                                        "(harness/forward_clock.py); _summed: of the cell's sums"},
         "prompts": {**describe(pool, ns.seed), "sets": n_sets, "warmup_prompts": n_warm,
                     "ids": [f"{p.path}:{p.lineno}" for p in pool]},
         "cells": cells,
         "ratio_table_markdown": ratio_md,
         "tau_table_markdown": tau_md,
+        "drift_corrected_table_markdown": corrected_md,
     }
     out = ns.output or RESULTS_DIR / f"bench_matrix_{label}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -606,6 +653,9 @@ def main(argv: list[str] | None = None) -> int:
           f"model {model_dir.name}, "
           f"{ns.num_prompts} unseen prompts x {ns.max_tokens} tokens per cell\n")
     print(ratio_md)
+    print("\ndrift-corrected (each turn's seconds over its own forward seconds; valid where both sides "
+          "verify about the same rows)\n")
+    print(corrected_md)
     print("\ntau (tokens per drafted step, pooled over rounds)\n")
     print(tau_md)
     eq = [f"{c['regime']} {lb} {c['configs'][lb]['equal'][0]}/{c['configs'][lb]['equal'][1]}"
@@ -623,6 +673,16 @@ def main(argv: list[str] | None = None) -> int:
 def _turns(entry: dict[str, Any], off: dict[str, Any]) -> list[tuple[int, float, int, float]]:
     """(tokens, seconds, off tokens, off seconds) per batch of one cell round."""
     return list(zip(entry["turn_tokens"], entry["turn_seconds"], off["turn_tokens"], off["turn_seconds"]))
+
+
+def _corrected_turns(entry: dict[str, Any], off: dict[str, Any]
+                     ) -> list[tuple[int, float, float, int, float, float]]:
+    """(tokens, seconds, forward seconds, off tokens, off seconds, off forward seconds) per batch
+    of one cell round; empty for records without forward seconds."""
+    if "turn_forward_seconds" not in entry or "turn_forward_seconds" not in off:
+        return []
+    return list(zip(entry["turn_tokens"], entry["turn_seconds"], entry["turn_forward_seconds"],
+                    off["turn_tokens"], off["turn_seconds"], off["turn_forward_seconds"]))
 
 
 def _extra_versions(configs: Sequence[MatrixConfig]) -> dict[str, str | None]:
@@ -661,7 +721,9 @@ def plot_heatmap(cells: Sequence[dict[str, Any]], labels: Sequence[str], path: P
             e = c["configs"].get(lb, {})
             if e.get("ratio") is None:
                 continue
-            text = f"{e['ratio']:.2f}x" + (f"\ntau {e['tau']:.2f}" if e.get("tau") is not None else "")
+            text = (f"{e['ratio']:.2f}x"
+                    + (f"\ncorr {e['ratio_drift_corrected']:.3f}" if e.get("ratio_drift_corrected") else "")
+                    + (f"\ntau {e['tau']:.2f}" if e.get("tau") is not None else ""))
             ax.text(j, i, text, ha="center", va="center", fontsize=7.5)
     ax.set_xticks(range(len(cells)))
     ax.set_xticklabels([c["regime"] for c in cells], rotation=30, ha="right", fontsize=8)

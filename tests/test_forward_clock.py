@@ -1,0 +1,70 @@
+"""The served forward clock: the server-side patch sums forward seconds into a file the benchmark
+reads; the drift-corrected ratio cancels a turn's machine speed."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from harness.forward_clock import clock_env, drift_corrected, new_clock, read_clock
+from bench_matrix import paired_corrected_ratio, summed_corrected_ratio
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_new_clock_reads_zero(tmp_path):
+    clock = new_clock(tmp_path / "c.bin")
+    assert read_clock(clock) == (0.0, 0)
+
+
+def test_drift_corrected_cancels_a_slower_turn():
+    # Both sides do the same work outside the forward per unit of forward; B's turn ran on a
+    # machine 30% slower, so its raw ratio reads 0.77 and the corrected one 1.0.
+    assert drift_corrected(100, 1.3, 0.65, 100, 1.0, 0.5) == pytest.approx(1.0)
+    # B spends 10% more time per unit of forward.
+    assert drift_corrected(100, 1.1, 0.5, 100, 1.0, 0.5) == pytest.approx(1 / 1.1)
+    assert drift_corrected(100, 1.0, 0.0, 100, 1.0, 0.5) is None     # no forward read
+
+
+def test_corrected_ratios_of_a_cell():
+    turns = [(10, 2.0, 1.0, 10, 1.0, 0.5), (10, 1.0, 0.5, 10, 1.1, 0.5), (10, 1.0, 0.5, 10, 1.0, 0.5)]
+    assert paired_corrected_ratio(turns) == pytest.approx(1.0)
+    assert summed_corrected_ratio(turns) == pytest.approx((30 / (4.0 / 2.0)) / (30 / (3.1 / 1.5)))
+    assert paired_corrected_ratio([]) is None and summed_corrected_ratio([]) is None
+
+
+def test_server_side_patch_sums_every_forward(tmp_path):
+    """In a fresh interpreter started as a served process is (the site directory on PYTHONPATH),
+    importing vLLM's model runner wraps its forward, and each call adds to the file."""
+    clock = new_clock(tmp_path / "c.bin")
+    script = textwrap.dedent("""
+        import time
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+        class Runner:
+            def model(self, **kwargs):
+                time.sleep(0.02)
+                return kwargs["input_ids"]
+
+        for i in range(3):
+            assert GPUModelRunner._model_forward(Runner(), input_ids=i) == i
+    """)
+    env = {**os.environ, **clock_env(clock)}
+    subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, check=True, timeout=300)
+    seconds, calls = read_clock(clock)
+    assert calls == 3
+    assert 0.06 <= seconds < 3.0
+
+
+def test_patch_is_inert_without_the_variable(tmp_path):
+    clock = new_clock(tmp_path / "c.bin")
+    env = {**os.environ, **clock_env(clock)}
+    del env["TREESPEC_FORWARD_CLOCK"]
+    script = ("from vllm.v1.worker.gpu_model_runner import GPUModelRunner\n"
+              "assert GPUModelRunner._model_forward.__name__ == '_model_forward'\n")
+    subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, check=True, timeout=300)
+    assert read_clock(clock) == (0.0, 0)
