@@ -269,8 +269,13 @@ def paired_ratio(turns: Sequence[tuple[int, float, int, float]]) -> float | None
     """Median over a cell's batches of (config tokens/s) / (off tokens/s) in the same batch;
     turns: (config tokens, config seconds, off tokens, off seconds) per batch, any rounds. The
     lower middle for an even count; None without a complete turn."""
-    ratios = sorted((t / s) / (bt / bs) for t, s, bt, bs in turns if s > 0 and bs > 0 and bt > 0)
-    return ratios[(len(ratios) - 1) // 2] if ratios else None
+    return lower_middle([(t / s) / (bt / bs) for t, s, bt, bs in turns if s > 0 and bs > 0 and bt > 0])
+
+
+def lower_middle(values: Sequence[float]) -> float | None:
+    """The median of `values` (the lower middle for an even count); None when empty."""
+    ranked = sorted(values)
+    return ranked[(len(ranked) - 1) // 2] if ranked else None
 
 
 def paired_corrected_ratio(turns: Sequence[tuple[int, float, float, int, float, float]]) -> float | None:
@@ -279,8 +284,7 @@ def paired_corrected_ratio(turns: Sequence[tuple[int, float, float, int, float, 
     None without a batch whose forward seconds were read on both sides."""
     from harness.forward_clock import drift_corrected
 
-    ratios = sorted(r for r in (drift_corrected(*t) for t in turns) if r is not None)
-    return ratios[(len(ratios) - 1) // 2] if ratios else None
+    return lower_middle([r for r in (drift_corrected(*t) for t in turns) if r is not None])
 
 
 def summed_corrected_ratio(turns: Sequence[tuple[int, float, float, int, float, float]]) -> float | None:

@@ -6,14 +6,11 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from harness.forward_clock import clock_env, drift_corrected, new_clock, read_clock
 from bench_matrix import paired_corrected_ratio, summed_corrected_ratio
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_new_clock_reads_zero(tmp_path):
