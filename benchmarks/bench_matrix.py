@@ -294,6 +294,47 @@ def summed_corrected_ratio(turns: Sequence[tuple[int, float, float, int, float, 
     return drift_corrected(*(sum(t[i] for t in turns) for i in range(6))) if turns else None
 
 
+def parts_summary(rounds: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """A config's step parts over a cell (all rounds' turns): each part's seconds per second of its
+    own forward (so the VM's speed during each turn cancels, as in the drift correction) and per
+    output token, and engine steps per output token. Served wall seconds ride along as "wall"."""
+    parts: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    wall = tokens = 0.0
+    for e in rounds:
+        for turn, secs, toks in zip(e.get("turn_parts") or [], e["turn_seconds"], e["turn_tokens"]):
+            for k, (sec, n) in turn.items():
+                parts[k] = parts.get(k, 0.0) + sec
+                calls[k] = calls.get(k, 0) + n
+            wall += secs
+            tokens += toks
+    forward = parts.get("forward", 0.0)
+    if forward <= 0 or tokens <= 0:
+        return None
+    per_forward = {k: round(v / forward, 4) for k, v in parts.items()}
+    per_forward["wall"] = round(wall / forward, 4)
+    return {"per_forward": per_forward,
+            "ms_per_token": {k: round(1e3 * v / tokens, 4) for k, v in {**parts, "wall": wall}.items()},
+            "engine_steps_per_token": round(calls.get("engine_step", 0) / tokens, 4)}
+
+
+def parts_table(cells: Sequence[dict[str, Any]], labels: Sequence[str]) -> str:
+    """Markdown: per cell and config, each step part's seconds per forward second."""
+    from harness.forward_clock import SLOTS
+
+    cols = [*SLOTS[1:], "wall"]
+    lines = ["| regime | config | " + " | ".join(cols) + " | steps/token |",
+             "| --- | --- | " + " | ".join("---:" for _ in cols) + " | ---: |"]
+    for c in cells:
+        for lb in labels:
+            p = c["configs"][lb].get("parts")
+            if not p:
+                continue
+            vals = [f"{p['per_forward'].get(k, 0.0):.3f}" for k in cols]
+            lines.append(f"| {c['regime']} | {lb} | " + " | ".join(vals) + f" | {p['engine_steps_per_token']:.3f} |")
+    return "\n".join(lines)
+
+
 def pooled_tau(windows: Sequence[tuple[float, float]]) -> float | None:
     """tau over several (drafts, accepted) windows: 1 + sum accepted / sum drafts."""
     drafts = sum(d for d, _ in windows)
@@ -465,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     from unseen_prompts import build_prompts, describe, prompts_sha256
     from treespec_fixtures.prebuild import prebuild_engine_fixtures
     from harness.report import hardware_info, hardware_line, software_info
-    from harness.forward_clock import clock_env, new_clock, read_clock
+    from harness.forward_clock import clock_env, new_clock, read_slots, slot_deltas
     from harness.serving import CPU_SERVE_ARGS, pin_frontend, run_load, scrape_spec_metrics, serve
 
     ns = parse_args(argv)
@@ -534,15 +575,18 @@ def main(argv: list[str] | None = None) -> int:
                 outputs: list[list[Any]] = [[None] * len(prompts) for _ in configs]
                 secs: list[list[float]] = [[] for _ in configs]
                 fwd: list[list[float]] = [[] for _ in configs]
+                turn_parts: list[list[dict[str, list[float]]]] = [[] for _ in configs]
                 turn_toks: list[list[int]] = [[] for _ in configs]
                 toks = [0] * len(configs)
                 for batch in batches(len(prompts), reg.concurrency):
                     for j in turn_order(len(configs), turn):
-                        clock_before = read_clock(clocks[j])[0]
+                        clock_before = read_slots(clocks[j])
                         load = run_load(servers[j], [prompts[i] for i in batch], max_tokens=ns.max_tokens,
                                         concurrency=reg.concurrency, temperature=reg.temperature)
                         secs[j].append(load.wall_s)
-                        fwd[j].append(read_clock(clocks[j])[0] - clock_before)
+                        parts = slot_deltas(read_slots(clocks[j]), clock_before)
+                        fwd[j].append(parts["forward"][0])
+                        turn_parts[j].append({k: [round(v[0], 6), v[1]] for k, v in parts.items()})
                         turn_toks[j].append(load.output_tokens)
                         toks[j] += load.output_tokens
                         for i, r in zip(batch, load.requests):
@@ -555,6 +599,7 @@ def main(argv: list[str] | None = None) -> int:
                     d = deltas[j]
                     entry = {"output_tokens": toks[j], "seconds": sum(secs[j]), "turn_seconds": secs[j],
                              "turn_forward_seconds": fwd[j],
+                             "turn_parts": turn_parts[j],
                              "turn_tokens": turn_toks[j],
                              "tau": d.tau, "acceptance_rate": d.acceptance_rate,
                              "drafts": d.drafts if d.present else None,
@@ -598,6 +643,7 @@ def main(argv: list[str] | None = None) -> int:
                 corrected = [t for e, b in pairs for t in _corrected_turns(e, b)]
                 s["ratio_drift_corrected"] = paired_corrected_ratio(corrected)
                 s["ratio_drift_corrected_summed"] = summed_corrected_ratio(corrected)
+            s["parts"] = parts_summary(rows)
             s["tau"] = pooled_tau([(e["drafts"], e["accepted_tokens"]) for e in rows if e["drafts"] is not None])
             s["tau_rounds"] = [e["tau"] for e in rows]
             s["tau_bound"] = tau_bound([(e["drafts"], e["output_tokens"]) for e in rows if e["drafts"] is not None])
@@ -613,6 +659,7 @@ def main(argv: list[str] | None = None) -> int:
     ratio_md = markdown_table(cells, spec_labels)
     tau_md = markdown_table(cells, spec_labels, key="tau", fmt="{:.2f}")
     corrected_md = markdown_table(cells, spec_labels, key="ratio_drift_corrected", fmt="{:.3f}")
+    parts_md = parts_table(cells, labels)
     mismatches = [(c["regime"], lb, m) for c in cells for lb in spec_labels
                   for m in c["configs"][lb].get("mismatches", [])]
     record = {
@@ -638,13 +685,18 @@ def main(argv: list[str] | None = None) -> int:
                                "ratio; ratio_pooled_median_round: their lower middle",
                      "drift_corrected": "ratio_drift_corrected: the same median with each turn's seconds "
                                         "divided by the server's own model-forward seconds in that turn "
-                                        "(harness/forward_clock.py); _summed: of the cell's sums"},
+                                        "(harness/forward_clock.py); _summed: of the cell's sums",
+                     "parts": "per cell and config, every turn's seconds in each step part (worker "
+                              "execute/sample, engine core schedule/update/step/post-step, API server "
+                              "output processing; harness/forward_clock.py) per second of the same "
+                              "server's forward and per output token"},
         "prompts": {**describe(pool, ns.seed), "sets": n_sets, "warmup_prompts": n_warm,
                     "ids": [f"{p.path}:{p.lineno}" for p in pool]},
         "cells": cells,
         "ratio_table_markdown": ratio_md,
         "tau_table_markdown": tau_md,
         "drift_corrected_table_markdown": corrected_md,
+        "parts_table_markdown": parts_md,
     }
     out = ns.output or RESULTS_DIR / f"bench_matrix_{label}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -660,6 +712,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\ndrift-corrected (each turn's seconds over its own forward seconds; valid where both sides "
           "verify about the same rows)\n")
     print(corrected_md)
+    print("\nstep parts, seconds per second of each server's own forward (all rounds)\n")
+    print(parts_md)
     print("\ntau (tokens per drafted step, pooled over rounds)\n")
     print(tau_md)
     eq = [f"{c['regime']} {lb} {c['configs'][lb]['equal'][0]}/{c['configs'][lb]['equal'][1]}"

@@ -9,13 +9,14 @@ import textwrap
 
 import pytest
 
-from harness.forward_clock import clock_env, drift_corrected, new_clock, read_clock
-from bench_matrix import paired_corrected_ratio, summed_corrected_ratio
+from harness.forward_clock import SLOTS, clock_env, drift_corrected, new_clock, read_clock, read_slots, slot_deltas
+from bench_matrix import paired_corrected_ratio, parts_summary, parts_table, summed_corrected_ratio
 
 
 def test_new_clock_reads_zero(tmp_path):
     clock = new_clock(tmp_path / "c.bin")
     assert read_clock(clock) == (0.0, 0)
+    assert read_slots(clock) == {k: (0.0, 0) for k in SLOTS}
 
 
 def test_drift_corrected_cancels_a_slower_turn():
@@ -65,3 +66,48 @@ def test_patch_is_inert_without_the_variable(tmp_path):
               "assert GPUModelRunner._model_forward.__name__ == '_model_forward'\n")
     subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, check=True, timeout=300)
     assert read_clock(clock) == (0.0, 0)
+
+
+def test_server_side_patch_times_each_step_part(tmp_path):
+    """The worker's execute call, the scheduler's two calls and the API server's output processing
+    land in their own slots; a part's time includes what it calls (the plugin patches callees)."""
+    clock = new_clock(tmp_path / "c.bin")
+    script = textwrap.dedent("""
+        import time
+        from vllm.v1.worker.gpu_worker import Worker
+        from vllm.v1.core.sched.scheduler import Scheduler
+
+        class SlowWorker:                       # the first thing execute_model reads takes 30 ms
+            @property
+            def _pp_send_work(self):
+                time.sleep(0.03)
+                raise RuntimeError("stop here")
+
+        for call in (lambda: Worker.execute_model(SlowWorker(), None), lambda: Scheduler.schedule(object())):
+            try:
+                call()
+            except Exception:
+                pass
+    """)
+    env = {**os.environ, **clock_env(clock)}
+    subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, check=True, timeout=300)
+    slots = read_slots(clock)
+    assert slots["schedule"][1] == 1 and slots["worker_execute"][1] == 1   # timed even when it raises
+    assert 0.03 <= slots["worker_execute"][0] < 3.0
+    assert slots["forward"] == (0.0, 0) and slots["frontend_outputs"] == (0.0, 0)
+    before = {k: (0.0, 0) for k in SLOTS}
+    assert slot_deltas(slots, before) == slots
+
+
+def test_parts_summary_normalises_by_forward():
+    rounds = [{"turn_seconds": [2.0], "turn_tokens": [100],
+               "turn_parts": [{"forward": [1.0, 50], "engine_step": [1.5, 50], "schedule": [0.1, 50]}]},
+              {"turn_seconds": [4.0], "turn_tokens": [100],
+               "turn_parts": [{"forward": [2.0, 50], "engine_step": [3.0, 50], "schedule": [0.2, 50]}]}]
+    p = parts_summary(rounds)
+    assert p["per_forward"] == {"forward": 1.0, "engine_step": 1.5, "schedule": 0.1, "wall": 2.0}
+    assert p["ms_per_token"]["schedule"] == pytest.approx(1.5)
+    assert p["engine_steps_per_token"] == 0.5
+    assert parts_summary([{"turn_seconds": [1.0], "turn_tokens": [10]}]) is None   # an old record
+    table = parts_table([{"regime": "T=0.7 c=1", "configs": {"off": {"parts": p}}}], ["off"])
+    assert "| T=0.7 c=1 | off | " in table and "1.500" in table

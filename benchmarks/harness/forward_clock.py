@@ -1,8 +1,11 @@
-"""Read a served vLLM's summed forward seconds between turns (the yardstick of drift correction).
+"""Read a served vLLM's summed step-part seconds between turns.
 
-`clock_env(path)` is the environment a server needs so that its model runner adds every
-forward's seconds to `path` (forward_clock_site/sitecustomize.py); `read_clock(path)` returns the
-sums so far. A turn's forward seconds are the difference of two reads around it.
+`clock_env(path)` is the environment a server needs so that its processes add the seconds of
+every call of a few step parts to `path` (forward_clock_site/sitecustomize.py): the model
+forward (the yardstick of drift correction), the worker's execute and sample calls, the engine
+core's scheduling, output update, whole step and post-step, and the API server's output
+processing. `read_clock(path)` returns the forward's sums so far, `read_slots(path)` every
+part's. A turn's seconds are the difference of two reads around it.
 """
 from __future__ import annotations
 
@@ -12,11 +15,15 @@ from pathlib import Path
 
 SITE_DIR = Path(__file__).resolve().parent / "forward_clock_site"
 ENV_VAR = "TREESPEC_FORWARD_CLOCK"
+# the slots of sitecustomize._TARGETS, in its order
+SLOTS = ("forward", "worker_execute", "worker_sample", "schedule", "update_from_output",
+         "engine_step", "post_step", "frontend_outputs")
+_SLOT_BYTES = 16
 
 
 def new_clock(path: Path) -> Path:
-    """Create (or zero) the 16-byte clock file."""
-    path.write_bytes(bytes(16))
+    """Create (or zero) the clock file: two doubles (seconds, calls) per slot."""
+    path.write_bytes(bytes(_SLOT_BYTES * len(SLOTS)))
     return path
 
 
@@ -29,8 +36,24 @@ def clock_env(path: Path) -> dict[str, str]:
 
 def read_clock(path: Path) -> tuple[float, int]:
     """(forward seconds, forward calls) summed so far by the server writing `path`."""
-    seconds, calls = struct.unpack("dd", path.read_bytes()[:16])
+    seconds, calls = struct.unpack("dd", path.read_bytes()[:_SLOT_BYTES])
     return seconds, int(calls)
+
+
+def read_slots(path: Path) -> dict[str, tuple[float, int]]:
+    """(seconds, calls) summed so far per step part (`SLOTS`)."""
+    data = path.read_bytes()
+    out = {}
+    for i, name in enumerate(SLOTS):
+        seconds, calls = struct.unpack_from("dd", data, i * _SLOT_BYTES)
+        out[name] = (seconds, int(calls))
+    return out
+
+
+def slot_deltas(after: dict[str, tuple[float, int]], before: dict[str, tuple[float, int]]
+                ) -> dict[str, tuple[float, int]]:
+    """Per-part (seconds, calls) between two reads."""
+    return {k: (after[k][0] - before[k][0], after[k][1] - before[k][1]) for k in after}
 
 
 def drift_corrected(tokens: int, seconds: float, forward_s: float,

@@ -1,14 +1,18 @@
-"""Served forward clock: sums the target model's forward seconds of a vLLM server into a file.
+"""Served step clock: sums the seconds of a vLLM server's step parts into a file.
 
 Loaded by Python at start-up in every process of a server launched with this directory first on
 PYTHONPATH and `TREESPEC_FORWARD_CLOCK` naming a file (`harness.forward_clock.clock_env`). When
-vLLM's model runner module is imported, `GPUModelRunner._model_forward` (the CPU runner inherits
-it) is wrapped to add each call's seconds and count to two doubles in that file, written through
-a shared mapping so the benchmark reads them between turns without asking the server. Why: on a
-shared 2-core VM the machine's speed drifts by tens of percent between turns, and the forward of
-the same rows is the yardstick that cancels it (`bench_paired`'s drift correction, served).
+one of vLLM's modules below is imported, the named methods are wrapped to add each call's
+seconds and count to two doubles of their slot in that file, written through a shared mapping
+so the benchmark reads them between turns without asking the server. Why: on a shared 2-core
+VM the machine's speed drifts by tens of percent between turns, and the forward of the same rows
+is the yardstick that cancels it (slot 0, `bench_paired`'s drift correction, served); the other
+slots say in which process and part a config's extra time per token goes.
 
-Does nothing when the variable is unset, and never lets a clock failure reach the server.
+The wrapped methods are the callers of what the plugin patches (the worker's `execute_model`
+calls the runner's), so the plugin's own work is inside them. Slots must match
+`harness.forward_clock.SLOTS`. Does nothing when the variable is unset, and never lets a clock
+failure reach the server.
 """
 from __future__ import annotations
 
@@ -17,48 +21,63 @@ import importlib.util
 import os
 import sys
 
-_TARGET = "vllm.v1.worker.gpu_model_runner"
 _PATH = os.environ.get("TREESPEC_FORWARD_CLOCK")
+_SLOT_BYTES = 16
+# module -> [(class, method, slot)]; slot order is harness.forward_clock.SLOTS
+_TARGETS: dict[str, list[tuple[str, str, int]]] = {
+    "vllm.v1.worker.gpu_model_runner": [("GPUModelRunner", "_model_forward", 0)],
+    "vllm.v1.worker.gpu_worker": [("Worker", "execute_model", 1), ("Worker", "sample_tokens", 2)],
+    "vllm.v1.core.sched.scheduler": [("Scheduler", "schedule", 3), ("Scheduler", "update_from_output", 4)],
+    "vllm.v1.engine.core": [("EngineCoreProc", "_process_engine_step", 5), ("EngineCore", "post_step", 6)],
+    "vllm.v1.engine.output_processor": [("OutputProcessor", "process_outputs", 7)],
+}
+_NUM_SLOTS = 8
+_STATE: dict = {"pid": None, "map": None, "sums": None}
 
 
-def _wrap_forward(module) -> None:
-    import mmap
-    import struct
-    import time
+def _mapping():
+    if _STATE["pid"] != os.getpid():          # first call in this process (or after a fork)
+        with open(_PATH, "r+b") as f:
+            _STATE["map"] = mmap.mmap(f.fileno(), _SLOT_BYTES * _NUM_SLOTS)
+        _STATE["pid"], _STATE["sums"] = os.getpid(), [[0.0, 0] for _ in range(_NUM_SLOTS)]
+    return _STATE["map"]
 
-    runner = module.GPUModelRunner
-    original = runner._model_forward
-    state: dict = {"pid": None, "map": None, "seconds": 0.0, "calls": 0}
 
-    def mapping():
-        if state["pid"] != os.getpid():          # first call in this process (or after a fork)
-            with open(_PATH, "r+b") as f:
-                state["map"] = mmap.mmap(f.fileno(), 16)
-            state["pid"], state["seconds"], state["calls"] = os.getpid(), 0.0, 0
-        return state["map"]
-
-    def timed_forward(self, *args, **kwargs):
+def _timed(original, slot: int):
+    def timed(self, *args, **kwargs):
         try:
-            clock = mapping()
+            clock = _mapping()
         except Exception:                       # a clock must never break the server
             clock = None
         start = time.perf_counter()
         try:
             return original(self, *args, **kwargs)
         finally:
-            state["seconds"] += time.perf_counter() - start
-            state["calls"] += 1
             if clock is not None:
-                struct.pack_into("dd", clock, 0, state["seconds"], float(state["calls"]))
+                sums = _STATE["sums"][slot]
+                sums[0] += time.perf_counter() - start
+                sums[1] += 1
+                struct.pack_into("dd", clock, slot * _SLOT_BYTES, sums[0], float(sums[1]))
 
-    runner._model_forward = timed_forward
+    timed.__name__ = original.__name__
+    timed.__wrapped__ = original
+    return timed
+
+
+def _wrap(module) -> None:
+    for cls_name, method, slot in _TARGETS[module.__name__]:
+        cls = getattr(module, cls_name, None)
+        original = getattr(cls, method, None) if cls is not None else None
+        if original is not None:
+            setattr(cls, method, _timed(original, slot))
 
 
 class _PatchAfterImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself; wraps the real loader of `_TARGET` so the patch runs right after."""
+    """Finds nothing itself; wraps the real loader of each target module so the patch runs right
+    after it executes."""
 
     def find_spec(self, name, path=None, target=None):
-        if name != _TARGET:
+        if name not in _TARGETS:
             return None
         sys.meta_path.remove(self)
         try:
@@ -71,11 +90,18 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder):
 
         def exec_then_patch(module):
             exec_module(module)
-            _wrap_forward(module)
+            try:
+                _wrap(module)
+            except Exception:                   # a clock must never break the server
+                pass
 
         spec.loader.exec_module = exec_then_patch
         return spec
 
 
 if _PATH:
+    import mmap
+    import struct
+    import time
+
     sys.meta_path.insert(0, _PatchAfterImport())
