@@ -122,6 +122,7 @@ def test_reach_caps_reach_stats_and_the_prometheus_gauge():
     registry = CollectorRegistry()
     stats = TreeStats(8, metrics=TreeMetrics(registry, model_name="m"))
     stats.observe_reach({GREEDY: 8.0, SAMPLED: 2.5})
+    stats.flush_metrics()
     assert stats.summary()["reach_caps"] == {GREEDY: 8.0, SAMPLED: 2.5}
     assert registry.get_sample_value("treespec_reach_cap_nodes", {"model_name": "m", "sampling": SAMPLED}) == 2.5
     assert registry.get_sample_value("treespec_reach_cap_nodes", {"model_name": "m", "sampling": GREEDY}) == 8.0

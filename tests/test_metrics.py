@@ -33,6 +33,7 @@ def _fed_registry(model: str = "code-lm") -> CollectorRegistry:
     stats.observe_fallback("logprobs")
     stats.observe_gain({"draft": 1, "probe": 0, "stopped": 3, "calibration": 0}, (0.05, 0.6),
                        StepCoefficients(base=0.003, request=4e-4, row=1e-4, speculative=8e-4))
+    stats.flush_metrics()
     return registry
 
 
@@ -248,6 +249,7 @@ def test_a_step_decided_without_costs_keeps_the_cost_gauges():
     stats = TreeStats(8, metrics=TreeMetrics(registry, model_name="m"))
     stats.observe_gain({"draft": 1}, (0.05, 0.6, 0.1), StepCoefficients(0.003, 4e-4, 1e-4, 8e-4))
     stats.observe_gain({"stopped": 2}, None, None)
+    stats.flush_metrics()
     assert registry.get_sample_value("treespec_gain_cost_tokens", {MODEL_LABEL: "m", "part": "row"}) == 0.05
     assert registry.get_sample_value("treespec_gain_step_seconds", {MODEL_LABEL: "m", "part": "row"}) == 1e-4
     assert registry.get_sample_value("treespec_gain_decisions_total", {MODEL_LABEL: "m", "decision": "stopped"}) == 2
@@ -261,8 +263,91 @@ def test_budgets_are_sampled_only_in_steps_in_which_a_request_may_draft():
     registry = CollectorRegistry()
     stats = TreeStats(8, metrics=TreeMetrics(registry, model_name="m"))
     stats.observe_draft(0.001, [0, 0, 0], [])
+    stats.flush_metrics()
     assert registry.get_sample_value("treespec_budget_nodes_count", {MODEL_LABEL: "m"}) == 0.0
     assert registry.get_sample_value("treespec_draft_seconds_count", {MODEL_LABEL: "m"}) == 1.0
     stats.observe_draft(0.001, [0, 4, 0], [])
+    stats.flush_metrics()
     assert registry.get_sample_value("treespec_budget_nodes_count", {MODEL_LABEL: "m"}) == 3.0
     assert registry.get_sample_value("treespec_budget_nodes_sum", {MODEL_LABEL: "m"}) == 4.0
+
+
+# -- buffered writes ---------------------------------------------------------------------------
+
+def _histogram_samples(registry: CollectorRegistry, name: str) -> dict[tuple, float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in registry.collect() if f.name == name for s in f.samples if not s.name.endswith("_created")}
+
+
+def test_buffered_histogram_flushes_what_direct_observes_write():
+    """Bucket counts and sum after a flush equal prometheus_client's own observe, edge values
+    (on a bound, above the last finite bound) included."""
+    import prometheus_client as prom
+
+    values = [0, 1, 2, 2, 5, 6, 16, 17, 1024, 5000, 0.5]
+    direct = CollectorRegistry()
+    h = prom.Histogram("treespec_tree_nodes", "x", [MODEL_LABEL], registry=direct,
+                       buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024)).labels("m")
+    for v in values:
+        h.observe(v)
+    buffered = CollectorRegistry()
+    metrics = TreeMetrics(buffered, model_name="m")
+    for v in values:
+        metrics.nodes.observe(v)
+    assert buffered.get_sample_value("treespec_tree_nodes_count", {MODEL_LABEL: "m"}) == 0.0   # held back
+    metrics.flush()
+    assert _histogram_samples(buffered, "treespec_tree_nodes") == _histogram_samples(direct, "treespec_tree_nodes")
+    metrics.flush()                                  # nothing new: nothing added twice
+    assert buffered.get_sample_value("treespec_tree_nodes_count", {MODEL_LABEL: "m"}) == len(values)
+
+
+def test_histogram_without_bulk_access_replays_its_samples():
+    class Child:
+        def __init__(self):
+            self.seen = []
+
+        def observe(self, v):
+            self.seen.append(v)
+
+    from vllm_treespec.engine.metrics import _BufferedHistogram
+
+    child = Child()
+    h = _BufferedHistogram(child)
+    h.observe(3.0)
+    h.observe(1.0)
+    assert not h.bulk and child.seen == []
+    h.flush()
+    h.flush()
+    assert child.seen == [3.0, 1.0]
+
+
+def test_a_busy_worker_flushes_on_a_step_after_flush_seconds(monkeypatch):
+    import vllm_treespec.engine.metrics as metrics_module
+
+    clock = [100.0]
+    monkeypatch.setattr(metrics_module.time, "monotonic", lambda: clock[0])
+    registry = CollectorRegistry()
+    stats = TreeStats(8, metrics=TreeMetrics(registry, model_name="m"))
+    stats.observe_fallback("logprobs")
+    stats.observe_step(0.002)
+    assert not registry.get_sample_value("treespec_fallback_steps_total", {MODEL_LABEL: "m", "reason": "logprobs"})
+    clock[0] += metrics_module.FLUSH_SECONDS
+    stats.observe_step(0.002)
+    assert registry.get_sample_value("treespec_fallback_steps_total", {MODEL_LABEL: "m", "reason": "logprobs"}) == 1.0
+    assert registry.get_sample_value("treespec_worker_step_seconds_count", {MODEL_LABEL: "m"}) == 2.0
+
+
+def test_proposer_flushes_when_its_last_request_finishes(monkeypatch, tmp_path):
+    import prometheus_client
+
+    from test_proposer import _vllm_config
+    from vllm_treespec.engine.proposer import TreeProposer
+
+    monkeypatch.setenv(MULTIPROC_ENV, str(tmp_path))
+    registry = CollectorRegistry()
+    monkeypatch.setattr(prometheus_client, "REGISTRY", registry)
+    proposer = TreeProposer(_vllm_config(k=4))
+    proposer.stats.observe_step(0.001)
+    assert registry.get_sample_value("treespec_worker_step_seconds_count", {MODEL_LABEL: "unknown"}) == 0.0
+    proposer.on_requests_finished([])                # no request left: idle
+    assert registry.get_sample_value("treespec_worker_step_seconds_count", {MODEL_LABEL: "unknown"}) == 1.0

@@ -5,6 +5,14 @@ path length). These add what only the worker knows: nodes per tree, accepted dep
 verification time per step, the budget chosen, the reach caps, KV moves, and why requests decoded
 without drafts. docs/metrics.md is the operator's reference for every series.
 
+Writes are buffered in the worker and flushed at most every `FLUSH_SECONDS` and whenever the
+worker's last request finishes (`TreeMetrics.flush`). Why: in multiprocess mode each histogram
+sample or counter increment is a locked write into a shared file, microseconds each, and a step
+with nothing drafted made about ten of them; measured served, those idle steps were the
+worker's extra time over a server without speculation (docs/never-slower.md section 4). A
+scrape therefore sees a busy worker's numbers up to `FLUSH_SECONDS` late, and everything once it
+is idle.
+
 Every series carries a `model_name` label with the served model name, the value vLLM puts on its
 own `vllm:*` series, so one PromQL selector (or a join on `model_name`) covers both.
 
@@ -19,12 +27,14 @@ tensor-parallel rank 0 exports (and warns), so ranks are not double counted.
 from __future__ import annotations
 
 import os
+import time
+from bisect import bisect_left
 from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
     from vllm_treespec.budget.gain import StepCoefficients
 
-__all__ = ["TreeMetrics", "MULTIPROC_ENV", "MODEL_LABEL", "UNEXPORTED_WARNING", "make_metrics",
+__all__ = ["TreeMetrics", "FLUSH_SECONDS", "MULTIPROC_ENV", "MODEL_LABEL", "UNEXPORTED_WARNING", "make_metrics",
            "model_label_value"]
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -36,6 +46,48 @@ UNEXPORTED_WARNING = (
     "which sets it (offline LLM runs have no /metrics and can ignore this)")
 _COUNT_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024)
 _SECONDS_BUCKETS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)
+FLUSH_SECONDS = 0.5     # longest a busy worker holds its observations back from /metrics
+
+
+class _BufferedHistogram:
+    """A histogram child's samples since the last flush, counted per bucket. The flush adds the
+    counts to prometheus_client's per-bucket values in one write each (its `observe` writes the sum
+    and one bucket per sample); where that client's internals differ, it replays the samples."""
+
+    __slots__ = ("child", "bounds", "counts", "total", "values", "pending", "bulk")
+
+    def __init__(self, child: Any) -> None:
+        self.child = child
+        self.bulk = all(hasattr(child, a) for a in ("_upper_bounds", "_buckets", "_sum"))
+        self.bounds = list(child._upper_bounds) if self.bulk else []
+        self.counts = [0] * len(self.bounds)
+        self.total = 0.0
+        self.values: list[float] = []       # the samples themselves, without bulk access
+        self.pending = False
+
+    def observe(self, value: float) -> None:
+        self.pending = True
+        if not self.bulk:
+            self.values.append(value)
+            return
+        self.counts[bisect_left(self.bounds, value)] += 1    # the first bucket with value <= bound
+        self.total += value
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        self.pending = False
+        if not self.bulk:
+            for v in self.values:
+                self.child.observe(v)
+            self.values.clear()
+            return
+        self.child._sum.inc(self.total)
+        for i, n in enumerate(self.counts):
+            if n:
+                self.child._buckets[i].inc(n)
+                self.counts[i] = 0
+        self.total = 0.0
 
 
 def model_label_value(served_model_name: str | Sequence[str] | None) -> str:
@@ -57,10 +109,18 @@ class TreeMetrics:
         reg = prom.REGISTRY if registry is None else registry
         self.model_name = model_name
         self._children: dict[tuple[int, str], Any] = {}    # see `_labelled`
+        self._histograms: list[_BufferedHistogram] = []
+        self._increments: dict[Any, float] = {}            # counter child -> increment since the flush
+        self._values: dict[Any, float] = {}                # gauge child -> value set since the flush
+        self._flushed_at = time.monotonic()
+        self._gain_costs: Sequence[float] | None = None            # latest, until the flush
+        self._gain_coefficients: StepCoefficients | None = None
 
-        def histogram(name: str, doc: str, buckets: Sequence[float]) -> Any:
-            return prom.Histogram(name, doc, [MODEL_LABEL], registry=reg,
-                                  buckets=buckets).labels(model_name)
+        def histogram(name: str, doc: str, buckets: Sequence[float]) -> _BufferedHistogram:
+            h = _BufferedHistogram(prom.Histogram(name, doc, [MODEL_LABEL], registry=reg,
+                                                  buckets=buckets).labels(model_name))
+            self._histograms.append(h)
+            return h
 
         def gauge(name: str, doc: str, labels: Sequence[str] = ()) -> Any:
             # mostrecent: a gauge's value is the latest write of any worker process, not a sum
@@ -123,6 +183,29 @@ class TreeMetrics:
             child = self._children[key] = metric.labels(self.model_name, value)
         return child
 
+    def _inc(self, child: Any, amount: float = 1.0) -> None:
+        self._increments[child] = self._increments.get(child, 0.0) + amount
+
+    def flush(self) -> None:
+        """Write every observation held since the last flush to the Prometheus series."""
+        self._flushed_at = time.monotonic()
+        for h in self._histograms:
+            h.flush()
+        increments, self._increments = self._increments, {}
+        for child, amount in increments.items():
+            child.inc(amount)
+        if self._gain_costs is not None:
+            for part, value in zip(("row", "request", "greedy_request"), self._gain_costs):
+                self._values[self._labelled(self.gain_cost, part)] = value
+            self._gain_costs = None
+        if self._gain_coefficients is not None:
+            for part, value in self._gain_coefficients._asdict().items():
+                self._values[self._labelled(self.gain_step, part)] = value
+            self._gain_coefficients = None
+        values, self._values = self._values, {}
+        for child, value in values.items():
+            child.set(value)
+
     def observe_draft(self, seconds: float, budgets: Sequence[int]) -> None:
         """budgets: each decoding request's node budget, observed only in a step in which one
         may draft (a histogram sample costs microseconds in multiprocess mode, per request: at
@@ -135,11 +218,11 @@ class TreeMetrics:
     def observe_budget_choice(self, nodes: int) -> None:
         if nodes != self._budget_chosen:     # set on change only: it is chosen every step
             self._budget_chosen = nodes
-            self.budget_chosen.set(nodes)
+            self._values[self.budget_chosen] = nodes
 
     def observe_reach(self, caps: dict[str, float]) -> None:
         for sampling, nodes in caps.items():
-            self._labelled(self.reach_cap, sampling).set(nodes)
+            self._values[self._labelled(self.reach_cap, sampling)] = nodes
 
     def observe_verify(self, seconds: float, nodes: Sequence[int], accepted: Sequence[int], moves: int,
                        parts: tuple[float, float, float]) -> None:
@@ -151,23 +234,26 @@ class TreeMetrics:
             self.nodes.observe(n)
             self.depth.observe(a)
         if moves:
-            self.kv_moves.inc(moves)
+            self._inc(self.kv_moves, moves)
 
     def observe_step(self, seconds: float) -> None:
+        """Once per worker step: also where a busy worker flushes."""
         self.step_seconds.observe(seconds)
+        if time.monotonic() - self._flushed_at >= FLUSH_SECONDS:
+            self.flush()
 
     def observe_gain(self, counts: dict[str, int], costs: Sequence[float] | None,
                      coefficients: StepCoefficients | None) -> None:
         for decision, n in counts.items():
             if n:
-                self._labelled(self.gain_decisions, decision).inc(n)
-        for part, value in zip(("row", "request", "greedy_request"), costs or ()):
-            self._labelled(self.gain_cost, part).set(value)
-        for part, value in (coefficients._asdict().items() if coefficients is not None else ()):
-            self._labelled(self.gain_step, part).set(value)
+                self._inc(self._labelled(self.gain_decisions, decision), n)
+        if costs is not None:                # labelled at the flush: decided every step
+            self._gain_costs = costs
+        if coefficients is not None:
+            self._gain_coefficients = coefficients
 
     def observe_fallback(self, reason: str) -> None:
-        self._labelled(self.fallbacks, reason).inc()
+        self._inc(self._labelled(self.fallbacks, reason))
 
 
 def _is_output_rank() -> bool:

@@ -101,6 +101,8 @@ class TreeProposer:
             for tokens in runner_state.finished_outputs(runner, req_ids):
                 self.drafter.observe_output(tokens)
         self.drafter.on_requests_finished(req_ids)
+        if not len(self.requests):
+            self.stats.flush_metrics()       # idle: /metrics shows everything (metrics are buffered)
 
     def tracked_requests(self) -> dict[str, int]:
         """Requests still held: records (with their budget rules' state; the rules keep none of

@@ -140,6 +140,12 @@ class TreeStats:
         if self.metrics is not None:
             self.metrics.observe_fallback(reason)
 
+    def flush_metrics(self) -> None:
+        """Write the Prometheus series' buffered observations now (engine/metrics.py says why
+        they are buffered): the proposer calls this when its last request finished."""
+        if self.metrics is not None:
+            self.metrics.flush()
+
     def summary(self) -> dict[str, Any]:
         return {
             "draft_steps": self.draft_steps, "draft_ms_per_step": 1e3 * self.draft_seconds / max(self.draft_steps, 1),
