@@ -111,3 +111,18 @@ def test_parts_summary_normalises_by_forward():
     assert parts_summary([{"turn_seconds": [1.0], "turn_tokens": [10]}]) is None   # an old record
     table = parts_table([{"regime": "T=0.7 c=1", "configs": {"off": {"parts": p}}}], ["off"])
     assert "| T=0.7 c=1 | off | " in table and "1.500" in table
+
+
+def test_server_side_slots_are_the_readers_slots(monkeypatch):
+    """The server-side table and the reader's SLOTS name the same slots: 0 .. len(SLOTS) - 1, each
+    once (the file layout both sides assume)."""
+    import importlib.util
+
+    from harness.forward_clock import ENV_VAR, SITE_DIR
+
+    monkeypatch.delenv(ENV_VAR, raising=False)          # loaded inert: nothing is patched
+    spec = importlib.util.spec_from_file_location("forward_clock_sitecustomize", SITE_DIR / "sitecustomize.py")
+    site = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(site)
+    slots = sorted(slot for targets in site._TARGETS.values() for *_, slot in targets)
+    assert slots == list(range(len(SLOTS))) and site._NUM_SLOTS == len(SLOTS)

@@ -36,8 +36,7 @@ def clock_env(path: Path) -> dict[str, str]:
 
 def read_clock(path: Path) -> tuple[float, int]:
     """(forward seconds, forward calls) summed so far by the server writing `path`."""
-    seconds, calls = struct.unpack("dd", path.read_bytes()[:_SLOT_BYTES])
-    return seconds, int(calls)
+    return read_slots(path)["forward"]
 
 
 def read_slots(path: Path) -> dict[str, tuple[float, int]]:

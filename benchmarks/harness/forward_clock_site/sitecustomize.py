@@ -31,7 +31,7 @@ _TARGETS: dict[str, list[tuple[str, str, int]]] = {
     "vllm.v1.engine.core": [("EngineCoreProc", "_process_engine_step", 5), ("EngineCore", "post_step", 6)],
     "vllm.v1.engine.output_processor": [("OutputProcessor", "process_outputs", 7)],
 }
-_NUM_SLOTS = 8
+_NUM_SLOTS = 1 + max(slot for targets in _TARGETS.values() for *_, slot in targets)
 _STATE: dict = {"pid": None, "map": None, "sums": None}
 
 
