@@ -513,3 +513,29 @@ def test_a_class_prices_depths_its_drafts_never_reached_like_the_deepest_it_did(
     assert np.allclose(r[2:], r[1], atol=0.01)
     classes.observe("T0.7", 2, 2)                  # a new observation is seen, not a cached rate
     assert classes.rates("T0.7")[1] > r[1]
+
+
+def test_quiet_steps_count_the_steps_a_request_is_certainly_settled():
+    """GainControl.quiet_steps is what a caller may skip (engine/budget_control.py): sitting
+    out, a held request's remaining steps; stopped, the steps before its probe could be due;
+    0 for a request that may need a full decision next step. Each count is checked against
+    `decide_without_cap` step by step."""
+    from vllm_treespec.budget.gain import GainControl
+
+    g = GainControl(8, probe_every=4, max_probe_every=16, calibrate_every=8)
+    for _ in range(5):
+        g.begin_step()                                   # the clock at step 5
+    stopped, seeded, held, free, probed = (g.new_record() for _ in range(5))
+    stopped.waited, stopped.interval = 3, 4
+    seeded.waited, seeded.interval = 2, 8
+    held.held_for = 3
+    probed.waited, probed.interval, probed.probed = 1, 4, True
+    cases = [(stopped, False, 2), (seeded, True, 5), (held, False, 3), (free, False, 0), (probed, False, 0)]
+    assert [g.quiet_steps(r, s) for r, s, _ in cases] == [n for _, _, n in cases]
+    for _ in range(5):
+        g.begin_step()
+        for record, seeded_sampled, n in cases:
+            settled = g.decide_without_cap(record, seeded_sampled)
+            if n > 0:
+                assert settled is not None
+                cases = [(r, s, m - 1 if r is record else m) for r, s, m in cases]

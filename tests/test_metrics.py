@@ -301,6 +301,27 @@ def test_buffered_histogram_flushes_what_direct_observes_write():
     assert buffered.get_sample_value("treespec_tree_nodes_count", {MODEL_LABEL: "m"}) == len(values)
 
 
+def test_a_quiet_stretch_is_counted_as_its_steps_one_by_one():
+    """TreeStats.observe_quiet_steps (the steps a quiet stretch skipped, counted at its end)
+    writes the series and counters that each step's own observations would have written."""
+    one_by_one, bulk = CollectorRegistry(), CollectorRegistry()
+    a = TreeStats(8, metrics=TreeMetrics(one_by_one, model_name="m"))
+    b = TreeStats(8, metrics=TreeMetrics(bulk, model_name="m"))
+    for step in range(5):
+        calibrating = step == 3
+        a.observe_budget_choice(8)
+        a.observe_gain({"calibration": 2} if calibrating else {"stopped": 1, "held": 1}, None, None)
+        a.observe_step_kind("calibration" if calibrating else "no drafts")
+        a.observe_draft(0.0, [0, 0], ())
+    b.observe_quiet_steps(5, 2, 1, 8, {"stopped": 4, "held": 4, "calibration": 2})
+    a.flush_metrics()
+    b.flush_metrics()
+    for name in ("treespec_draft_seconds", "treespec_gain_decisions", "treespec_budget_nodes"):
+        assert _histogram_samples(bulk, name) == _histogram_samples(one_by_one, name) != {}
+    fields = ("draft_steps", "budget_count", "budget_sum", "budget_choices", "step_kinds", "gain_decisions")
+    assert [getattr(b, f) for f in fields] == [getattr(a, f) for f in fields]
+
+
 def test_histogram_without_bulk_access_replays_its_samples():
     class Child:
         def __init__(self):

@@ -358,8 +358,71 @@ def test_a_stopped_request_waits_without_its_per_step_checks(monkeypatch):
     assert p.propose_step(runner, _sched(), [[3]]) == [[]]
     assert looked_up == [] and record.waited == 1
     record.waited, record.interval = None, None                   # not stopped: checked as before
+    p.budget.end_quiet(p.requests)      # (changed by hand: forget the quiet stretch planned on it)
     p.propose_step(runner, _sched(), [[3]])
     assert looked_up == ["s"]
+
+
+def _quiet_run(quiet: bool, steps: int, seeds: tuple, monkeypatch) -> tuple:
+    """A proposer over a fixed batch of sampled requests whose drafts never pay (so budget.gain
+    stops them and they only wait for probes), `steps` steps, with or without quiet stretches;
+    returns each step's drafts, the records' gain state and the statistics."""
+    from vllm import SamplingParams
+
+    from vllm_treespec.budget.gain import GainCosts
+    from vllm_treespec.engine.budget_control import BudgetControl
+    from vllm_treespec.engine.proposer import TreeProposer
+
+    if not quiet:
+        monkeypatch.setattr(BudgetControl, "_quiet_stretch", lambda self, *a: None)
+    p = TreeProposer(_vllm_config(k=4, max_model_len=512, treespec={
+        "drafter": {"type": "prompt_lookup"},
+        "budget": {"gain": {"enabled": True, "probe_every": 4, "max_probe_every": 16, "calibrate_every": 8,
+                            "fixed_row_cost": 1.0, "fixed_request_cost": 64.0}}}))
+    p.budget.gain.measured_costs = lambda: GainCosts(row=10.0, request=10.0, greedy_request=10.0)
+    ids = [f"r{i}" for i in range(len(seeds))]
+    text = [5, 6, 7, 8] * 3                  # a probe drafts, and its shadow never settles whole
+    runner = _runner([text] * len(ids), ids, width=512)
+    runner.requests = {r: SimpleNamespace(sampling_params=SamplingParams(temperature=0.8, seed=seed),
+                                          output_token_ids=[1], num_prompt_tokens=4)
+                       for r, seed in zip(ids, seeds)}
+    drafts = []
+    for step in range(steps):
+        drafts.append(p.propose_step(runner, _sched(), [[1]] * len(ids)))
+        runner.input_batch.num_tokens_no_spec[:len(ids)] += 1      # each sampled one token
+        runner.input_batch.token_ids_cpu[:len(ids), len(text) + step] = 1
+    p.on_requests_finished(["r0"])           # ends a stretch: its counts are made then
+    state = [(r.waited, r.interval, r.held_for, r.probing, r.probed)
+             for r in (p.requests[i].gain for i in ids[1:])]
+    s = p.stats
+    stats = (s.gain_decisions, s.step_kinds, s.budget_choices, s.draft_steps, s.budget_count,
+             p.budget.gain._step, [p.requests[i].steps for i in ids[1:]])
+    return drafts, state, stats, p
+
+
+@pytest.mark.parametrize("seeds", [(None,), (None, None, None), (None, 7)])
+def test_quiet_stretches_decide_and_count_as_every_step_would(seeds, monkeypatch):
+    """Steps in which budget.gain knows no request can draft are skipped and decided in one go
+    at the stretch's end (engine/budget_control.py): the drafts, each request's gain state and
+    every count come out as when each step is decided as it comes."""
+    with monkeypatch.context() as m:
+        plain = _quiet_run(False, 80, seeds, m)
+    quiet = _quiet_run(True, 80, seeds, monkeypatch)
+    assert quiet[:3] == plain[:3]
+    stats = quiet[2]
+    assert stats[0].get("stopped", 0) > 40 and stats[1].get("calibration", 0) >= 9
+
+
+def test_quiet_stretches_skip_the_per_step_work(monkeypatch):
+    """The point of a stretch: in most sampled steps the proposer does not call the budget's
+    per-step decisions at all."""
+    from vllm_treespec.engine.budget_control import BudgetControl
+
+    calls = []
+    caps = BudgetControl.caps
+    monkeypatch.setattr(BudgetControl, "caps", lambda self, *a: calls.append(1) or caps(self, *a))
+    _quiet_run(True, 80, (None, None), monkeypatch)
+    assert len(calls) <= 50          # of 80 steps (probes every 4 to 16 steps, calibration every 8)
 
 
 def test_an_unseeded_request_whose_draft_the_step_held_sits_out_the_next_steps(monkeypatch):

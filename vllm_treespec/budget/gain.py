@@ -521,6 +521,23 @@ class GainControl:
                 return NO_DRAFT
         return None
 
+    def quiet_steps(self, record: GainRecord, seeded_sampled: bool = False) -> int:
+        """How many of the next steps `decide_without_cap` certainly settles this request
+        without drafting (sitting out after a held draft, or stopped with its probe not yet
+        due), counted from the step decided last. A caller that knows this for every request
+        of a batch may skip their other per-step work for that many steps (the quiet stretch,
+        engine/budget_control.py): at sampled loads most steps are such steps, and their
+        per-request checks were the proposer's cost of an idle step. Conservative: 0 when a
+        request may need a full decision next step."""
+        if record.held_for > 0:
+            return record.held_for       # calibration steps do not count down: at least this many
+        if record.waited is None or record.probed:
+            return 0
+        interval = record.interval if record.interval is not None else self.probe_every
+        if seeded_sampled:               # its own clock: due once it has waited `interval` steps
+            return max(interval - record.waited - 1, 0)
+        return interval - self._step % interval - 1   # due no sooner than the next multiple
+
     def decide_rated(self, records: Sequence[GainRecord], worth: np.ndarray, depths: np.ndarray,
                      offsets: np.ndarray, costs: GainCosts) -> list[GainDecision]:
         """Confidence mode (budget/confidence.py), greedy requests, one step: each request has

@@ -9,6 +9,7 @@ measured step times and from the depths each verified tree reached and accepted.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -73,6 +74,8 @@ class BudgetControl:
         self.draft_seconds = 0.0       # the last drafting call's seconds
         self.spec_overhead = 0.0       # the last speculative step's seconds outside the forward
         self.last_propose_end: float | None = None    # when the last drafts were returned
+        self._quiet: _QuietStretch | None = None       # steps in which nobody can draft (`_quiet_stretch`)
+        self._every_step = False       # the drafter is called every step (it reads the target's states)
 
     def use_drafter(self, capabilities: Any) -> None:
         """Shadow probes only for drafts verified by the target-only rule: a drafter that samples
@@ -81,6 +84,7 @@ class BudgetControl:
         hand it in the same form (budget/shadow.py)."""
         if self.gain is not None and (capabilities.samples_drafts or capabilities.uses_target_states):
             self.gain.shadow_probes = False
+        self._every_step = bool(capabilities.uses_target_states)
 
     def profile_verify_cost(self, runner: Any) -> None:
         """budget.mode auto without budget.auto.profile (and startup_profile on): time the target's
@@ -102,6 +106,7 @@ class BudgetControl:
              decoding: Sequence[bool], budget: int) -> tuple[list[int], Any]:
         """(node cap per request, the policy's BudgetChoice): 0 for requests that do not decode
         or may not draft this step (their fallback reason is counted)."""
+        self.end_quiet(requests)
         active = [t for t, d in zip(lengths, decoding) if d]
         choice = self.policy.choose(len(active), sum(active) // len(active) if active else 0)
         chosen = _broadcast_from_first_rank(choice.nodes) if self._sync else choice.nodes
@@ -158,7 +163,73 @@ class BudgetControl:
             self._pending = (decided, records, rated)
         elif decided:
             self._settle(caps, decided, records)
+        self._quiet = self._quiet_stretch(requests, req_ids, lengths, decoding, decided, records,
+                                          rated, shadow, chosen)
         return caps, choice
+
+    # -- the quiet stretch: steps in which no request can draft ---------------------------------
+    def _quiet_stretch(self, requests: RequestTable, req_ids: Sequence[str], lengths: Sequence[int],
+                       decoding: Sequence[bool], decided: dict[int, GainDecision | None],
+                       records: dict[int, GainRecord], rated: Sequence[int], shadow: Sequence[int],
+                       chosen: int) -> _QuietStretch | None:
+        """After a step in which budget.gain settled every request of the batch without a full
+        decision (each stopped and waiting for its probe, or sitting out), the steps in which it
+        certainly settles all of them again (GainControl.quiet_steps) and no cap can reach 0 for
+        another reason. While the batch stays the same, the proposer skips those steps
+        (`quiet_step`) and their decisions are made and counted in one go when the stretch ends
+        (`end_quiet`). Why: at sampled loads most steps are such steps, and their per-request
+        bookkeeping, a few microseconds hot, was most of what an idle speculative server spent
+        beyond vLLM's own step with its caches cold (docs/never-slower.md section 4). Only under
+        a fixed budget policy (its choice cannot change within the stretch) and a drafter that
+        needs no call per step."""
+        n = len(req_ids)
+        if self.gain is None or not n or len(decided) != n or records or rated or shadow or self._shadows \
+                or self.policy.mode != "fixed" or not chosen or not all(decoding) or self._every_step:
+            return None
+        steps = min(self.gain.max_probe_every, self.max_model_len - max(lengths) - 1)
+        members = []
+        for req_id in req_ids:
+            st = requests.get(req_id)
+            if st is None or st.gain is None:
+                return None
+            steps = min(steps, self.gain.quiet_steps(st.gain, st.seeded_sampled))
+            if steps <= 0:
+                return None
+            members.append(st)
+        return _QuietStretch(list(req_ids), members, steps, chosen)
+
+    def quiet_step(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]]) -> bool:
+        """Whether this step is one of the quiet stretch (`_quiet_stretch`): the same batch, every
+        request decoding. Then nobody drafts and the caller returns no drafts at once; a False
+        sends it down the full path (`caps`), which ends the stretch first."""
+        quiet = self._quiet
+        if quiet is None or quiet.steps <= 0 or quiet.req_ids != req_ids or self._shadows:
+            return False
+        if not all(sampled_token_ids[:len(req_ids)]):
+            return False
+        quiet.steps -= 1
+        quiet.done += 1
+        return True
+
+    def end_quiet(self, requests: RequestTable) -> None:
+        """Make the skipped steps' decisions and counts (the same `begin_step` and
+        `decide_without_cap` calls, in order, that each step's `caps` would have made) and
+        forget the stretch. Called before anything reads or changes the requests' gain state."""
+        quiet, self._quiet = self._quiet, None
+        if quiet is None or not quiet.done:
+            return
+        gain = self.gain
+        counts: dict[str, int] = {}
+        calibration_steps = 0
+        for _ in range(quiet.done):
+            gain.begin_step()
+            calibration_steps += gain.calibrating
+            for st in quiet.members:
+                kind = decision_kind(gain.decide_without_cap(st.gain, st.seeded_sampled), gain.calibrating)
+                counts[kind] = counts.get(kind, 0) + 1
+        for st in quiet.members:
+            st.steps += quiet.done
+        self.stats.observe_quiet_steps(quiet.done, len(quiet.members), calibration_steps, quiet.chosen, counts)
 
     def rate_drafts(self, requests: RequestTable, req_ids: Sequence[str], proposal: Any,
                     caps: list[int]) -> None:
@@ -304,6 +375,7 @@ class BudgetControl:
         node ids, -1 padded; budget.gain.confidence)."""
         self._verified = ([st.budget_given if (st := requests.get(r)) is not None else 0 for r in step.req_ids],
                           accepted_len, sizes)
+        self.end_quiet(requests)       # (no step of a quiet stretch verifies: a no-op but for order)
         if self.calibration is not None and accepted_nodes is not None:
             self._observe_rated(requests, step.req_ids, sizes, accepted_nodes)
         if (self.reach is None and self.gain is None) or not step.num_trees:
@@ -391,6 +463,17 @@ class BudgetControl:
         self.gain.observe_step(seconds, num_reqs, draft_rows, num_reqs + sum(accepted),
                                drafting=sum(1 for b in budgets if b > 0),
                                drafter_seconds=self.draft_seconds, overhead_seconds=self.spec_overhead)
+
+
+@dataclass
+class _QuietStretch:
+    """Steps in which budget.gain settles every request of an unchanged batch without a full
+    decision (`BudgetControl._quiet_stretch`)."""
+    req_ids: list[str]          # the batch, in the runner's order
+    members: list[Any]          # per request its record (engine/request_table.py), same order
+    steps: int                  # steps of the stretch still ahead
+    chosen: int                 # the fixed policy's node budget (counted per step)
+    done: int = 0               # steps skipped so far, decided and counted by `end_quiet`
 
 
 def _broadcast_from_first_rank(value: int) -> int:

@@ -65,13 +65,14 @@ class _BufferedHistogram:
         self.values: list[float] = []       # the samples themselves, without bulk access
         self.pending = False
 
-    def observe(self, value: float) -> None:
+    def observe(self, value: float, count: int = 1) -> None:
+        """`count` samples of `value`."""
         self.pending = True
         if not self.bulk:
-            self.values.append(value)
+            self.values.extend([value] * count)
             return
-        self.counts[bisect_left(self.bounds, value)] += 1    # the first bucket with value <= bound
-        self.total += value
+        self.counts[bisect_left(self.bounds, value)] += count    # the first bucket with value <= bound
+        self.total += value * count
 
     def flush(self) -> None:
         if not self.pending:
@@ -206,11 +207,12 @@ class TreeMetrics:
         for child, value in values.items():
             child.set(value)
 
-    def observe_draft(self, seconds: float, budgets: Sequence[int]) -> None:
+    def observe_draft(self, seconds: float, budgets: Sequence[int], steps: int = 1) -> None:
         """budgets: each decoding request's node budget, observed only in a step in which one
         may draft (a histogram sample costs microseconds in multiprocess mode, per request: at
-        32 sampled clients nobody drafts in most steps, and that was 32 samples of 0 a step)."""
-        self.draft_seconds.observe(seconds)
+        32 sampled clients nobody drafts in most steps, and that was 32 samples of 0 a step).
+        `steps`: that many steps alike (a quiet stretch's, counted at its end)."""
+        self.draft_seconds.observe(seconds, steps)
         if any(budgets):
             for b in budgets:
                 self.budget.observe(b)

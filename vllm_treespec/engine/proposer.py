@@ -96,6 +96,7 @@ class TreeProposer:
         drafter's); drafters that learn online see the outputs. Called by the `_update_states`
         patch before vLLM removes the requests from its batch, so their token rows are readable."""
         req_ids = list(req_ids)
+        self.budget.end_quiet(self.requests)      # its counts include the finished requests
         self.requests.release(req_ids)
         if self.drafter.capabilities.observes_output and runner is not None:
             for tokens in runner_state.finished_outputs(runner, req_ids):
@@ -141,8 +142,14 @@ class TreeProposer:
     def _propose(self, runner: Any, req_ids: list[str], sampled_token_ids: list[list[int]],
                  num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray,
                  budget: int, target: TargetStates | None = None) -> list[list[int]]:
-        start = time.perf_counter()
         n = len(req_ids)
+        if self.budget.quiet_step(req_ids, sampled_token_ids):
+            # budget.gain knows nobody can draft in this step (engine/budget_control.py, the quiet
+            # stretch): no drafts, and the step's decisions are made when the stretch ends
+            self.drafted = False
+            self.budget.draft_seconds = 0.0
+            return [[] for _ in range(n)]
+        start = time.perf_counter()
         # plain Python for the per-request scalars: a step has few requests, and each numpy
         # call costs microseconds with the caches cold from the forward pass
         lengths = np.asarray(num_tokens_no_spec[:n]).tolist()
