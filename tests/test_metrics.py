@@ -33,6 +33,7 @@ def _fed_registry(model: str = "code-lm") -> CollectorRegistry:
     stats.observe_fallback("logprobs")
     stats.observe_gain({"draft": 1, "probe": 0, "stopped": 3, "calibration": 0}, (0.05, 0.6),
                        StepCoefficients(base=0.003, request=4e-4, row=1e-4, speculative=8e-4))
+    stats.observe_guard(0.87, False)
     stats.flush_metrics()
     return registry
 
@@ -43,7 +44,7 @@ def _treespec_families(registry: CollectorRegistry) -> dict[str, object]:
 
 def test_every_series_carries_the_model_name_label():
     families = _treespec_families(_fed_registry("code-lm"))
-    assert len(families) == 16
+    assert len(families) == 18
     for name, family in families.items():
         samples = [s for s in family.samples if not s.name.endswith("_created")]
         assert samples, f"{name} has no samples"

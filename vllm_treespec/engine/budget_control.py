@@ -18,6 +18,7 @@ import torch
 from vllm_treespec.budget import make_budget_policy
 from vllm_treespec.budget.confidence import GREEDY_CLASS, DraftCalibration, batch_path_probs
 from vllm_treespec.budget.gain import GainControl, GainDecision, GainRecord, decision_kind
+from vllm_treespec.budget.guard import SpeculationGuard
 from vllm_treespec.budget.reach import ReachCap
 from vllm_treespec.budget.shadow import ShadowProbe
 from vllm_treespec.config import TreespecConfig
@@ -56,6 +57,9 @@ class BudgetControl:
             fixed_request_cost=gain.fixed_request_cost, margin=gain.margin,
             calibrate_every=gain.calibrate_every, shadow_probes=gain.shadow_probes) if gain.enabled else None
         self._shadows: set[str] = set()    # requests whose shadow probe waits for their tokens
+        # budget.gain.guard: drafting paused while measured slower than no drafts (budget/guard.py)
+        self.guard = SpeculationGuard() if gain.enabled and gain.guard else None
+        self._last_step_at: float | None = None       # when the last step was observed (the guard's period)
         # budget.gain.confidence: greedy requests draft first and keep what their drafter's
         # calibrated ratings say pays (budget/confidence.py). Any drafter: greedy trees are never
         # drawn from a drafter's q (only sampled requests' are), so no q rows are cut with them
@@ -122,11 +126,21 @@ class BudgetControl:
         self.step_held = False
         if self.gain is not None:
             self.gain.begin_step()
+        paused = self.guard is not None and not self.guard.allows
         for i, cap in enumerate(caps):
             if not cap:
                 continue
             req_id = req_ids[i]
             known = requests.get(req_id)
+            if paused:
+                # the guard paused drafting, except for seeded sampled requests (their tokens
+                # must not depend on other traffic): their options tell which they are
+                st = known if known is not None else requests.state(req_id)
+                if not st.options_checked:
+                    requests.blocker(req_id, runner)
+                if not st.seeded_sampled:
+                    caps[i] = 0
+                    continue
             if self.gain is not None and known is not None and known.gain is not None:
                 # decided before: if it is waiting for a probe (or the step calibrates) nothing
                 # else about it matters this step; its blocker was None when it was decided
@@ -310,6 +324,8 @@ class BudgetControl:
             return "held"
         if self.gain is not None and self.gain.calibrating:
             return "calibration"
+        if self.guard is not None and not self.guard.allows:
+            return "paused"
         return "no drafts"
 
     # -- shadow probes (budget/shadow.py) ---------------------------------------------------------
@@ -431,14 +447,17 @@ class BudgetControl:
         """Tell the budget policy what the step that just ran cost and how much it accepted:
         target seconds from `_prepare_inputs` (`started_at`) to here (forward + verification),
         the previous drafting time, and per verified tree its budget, accepted and drafted nodes."""
+        now = time.perf_counter()
+        last, self._last_step_at = self._last_step_at, now
         if started_at is None:
             self._verified = None
             return
-        now = time.perf_counter()
         seconds = now - started_at
         query = total_scheduled_tokens(scheduler_output)
         budgets, accepted, drafted = self._verified or ([], [], [])
         self._verified = None
+        if self.guard is not None:
+            self._guard_step(scheduler_output, query, now - last if last is not None else None, accepted)
         if self.gain is not None and query > 0:
             # budget.gain prices a step by its whole period, drafting excluded (counted apart):
             # the engine core's scheduling and output handling between worker steps is part of
@@ -450,6 +469,23 @@ class BudgetControl:
         if query > 0 and self.policy.learns:
             self.policy.observe(query_tokens=query, step_seconds=seconds, budgets=budgets,
                                 accepted=accepted, drafted=drafted, drafter_seconds=self.draft_seconds)
+
+    def _guard_step(self, scheduler_output: Any, query: int, period: float | None,
+                    accepted: list[int]) -> None:
+        """Feed the guard one step: its whole period (drafting call to drafting call) and the
+        tokens it emitted, a pure decode step only; log a verdict that changes drafting."""
+        guard = self.guard
+        num_reqs = len(scheduler_output.num_scheduled_tokens)
+        draft_rows = sum(len(d) for d in scheduler_output.scheduled_spec_decode_tokens.values())
+        decode = query > 0 and query == num_reqs + draft_rows
+        was, tests = guard.verdict, guard.tests
+        guard.step(period if decode else None, num_reqs + sum(accepted), num_reqs)
+        verdict = guard.verdict
+        if guard.tests != tests and verdict is not None and (was is None or was.allows != verdict.allows):
+            logger.info("TreeProposer: drafting %s at %.1f decoding requests: drafted steps emitted "
+                        "%.2fx the tokens per second of paused ones (budget.gain.guard)",
+                        "allowed" if verdict.allows else "paused", verdict.batch, verdict.ratio)
+        self.stats.observe_guard(verdict.ratio if verdict is not None else None, guard.allows)
 
     def _observe_gain_step(self, scheduler_output: Any, query: int, seconds: float,
                            accepted: list[int], budgets: list[int]) -> None:

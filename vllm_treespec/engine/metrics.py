@@ -172,6 +172,11 @@ class TreeMetrics:
                                "decoding request (request), per verified draft row (row) and per speculative step "
                                "(speculative) seconds.",
                                ["part"])
+        self.guard_ratio = gauge("treespec_guard_ratio", "budget.gain.guard's last test: tokens per second "
+                                 "of drafted steps over paused steps at the load of the test.")
+        self.guard_drafting = gauge("treespec_guard_drafting", "budget.gain.guard: 1 while drafting is "
+                                    "allowed, 0 while paused (the guard's own test windows included).")
+        self._guard: tuple[float | None, bool] | None = None      # the values last set on them
 
 
     def _labelled(self, metric: Any, value: str) -> Any:
@@ -253,6 +258,14 @@ class TreeMetrics:
             self._gain_costs = costs
         if coefficients is not None:
             self._gain_coefficients = coefficients
+
+    def observe_guard(self, ratio: float | None, drafting: bool) -> None:
+        """Every step: set on change only."""
+        if (ratio, drafting) != self._guard:
+            self._guard = (ratio, drafting)
+            if ratio is not None:
+                self._values[self.guard_ratio] = ratio
+            self._values[self.guard_drafting] = 1.0 if drafting else 0.0
 
     def observe_fallback(self, reason: str) -> None:
         self._inc(self._labelled(self.fallbacks, reason))

@@ -43,6 +43,7 @@ class TreeStats:
     reach_caps: dict[str, float] = field(default_factory=dict)     # budget.reach_floor: class -> mean cap
     gain_decisions: dict[str, int] = field(default_factory=dict)   # budget.gain: kind -> requests
     step_kinds: dict[str, int] = field(default_factory=dict)       # BudgetControl.step_kind -> steps
+    guard_ratio: float | None = None     # budget.gain.guard's last drafted / paused tokens-per-second ratio
     shadow_probes: int = 0       # budget.gain: shadow probes settled (budget/shadow.py) ...
     shadow_accepted: int = 0     # ... and the nodes they accepted
     metrics: Any = None          # TreeMetrics, or None when this worker exports nothing
@@ -145,6 +146,13 @@ class TreeStats:
                 self.step_kinds[kind] = self.step_kinds.get(kind, 0) + n
         for kind, n in gain_counts.items():
             self.gain_decisions[kind] = self.gain_decisions.get(kind, 0) + n
+
+    def observe_guard(self, ratio: float | None, drafting: bool) -> None:
+        """budget.gain.guard, every step: its last test's drafted / paused tokens-per-second
+        ratio (None before its first) and whether drafting is allowed now (budget/guard.py)."""
+        if self.metrics is not None:
+            self.metrics.observe_guard(ratio, drafting)
+        self.guard_ratio = ratio
 
     def observe_shadow_probe(self, accepted: int) -> None:
         """budget.gain: a shadow probe settled by the tokens its request sampled, `accepted` of

@@ -1,0 +1,122 @@
+"""The speculation guard: a server-level A/B of drafting itself at the current load.
+
+Why: budget.gain prices each draft from a fitted cost model, and what that model does not see
+(drafter calls, rating, tree acceptance beyond the measured part, the engine's handling of drafts)
+can make drafting lose although every draft is rated as paying. Served on a 2-core CPU at 32
+greedy clients, the default drafted, accepted 6.9 tokens per drafted step and ran at 0.87x no
+speculation (docs/never-slower.md section 4): verified rows cost nearly what the tokens they
+save cost there, and the proposer's own time was the loss. No cost model fixes what it does not
+model; measuring the outcome does.
+
+So the guard measures it. Every so often it runs a test: windows of steps with drafting allowed
+and with drafting paused, alternated ON OFF OFF ON (so a drift in the machine's speed hits both
+alike), each step's emitted tokens and whole period (from one drafting call to the next:
+scheduling, forward, sampling, acceptance, drafting) summed per side. If the drafted side emitted
+fewer tokens per second than the paused side by more than `margin`, drafting stays paused until
+the next test, else it stays allowed. Between tests the verdict holds for `hold` steps, or until
+the batch size has stayed halved or doubled since the test for a while (the load that decided
+it is gone). A test in which the batch size ranged wider than MAX_BATCH_SPREAD decides nothing
+(requests arrived or drained during it, so its sides saw different loads).
+
+Steps with prompt tokens are left out of the sums (their cost is not the decoding's). Seeded
+sampled requests are not paused by it (their tokens must not depend on other traffic; the
+caller leaves them alone). Pure Python: the caller feeds it each decode step and reads `allows`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# a test's windows: True = drafting allowed; ABBA order, twice
+_TEST_ORDER = (True, False, False, True, True, False, False, True)
+# a test whose decoding batch ranged wider than this factor decides nothing
+MAX_BATCH_SPREAD = 1.5
+# drafted windows this much faster than paused ones hold their verdict CLEAR_GAIN_HOLD times longer
+CLEAR_GAIN = 1.5
+CLEAR_GAIN_HOLD = 4
+
+
+@dataclass
+class GuardVerdict:
+    """The last test's outcome."""
+    allows: bool              # drafting allowed until the next test
+    ratio: float              # drafted windows' tokens per second over paused windows'
+    batch: float              # mean decoding requests per step during the test
+
+
+class SpeculationGuard:
+    """See the module docstring. `window`: steps per test window; `hold`: steps a verdict
+    holds; `margin`: how much slower (fraction) the drafted side must be to pause drafting;
+    `first_test`: steps before the first test (the gain rules learn their costs first);
+    `min_steps`: decode steps each side needs for a verdict (else the last verdict stays)."""
+
+    def __init__(self, window: int = 8, hold: int = 1024, margin: float = 0.04, first_test: int = 256,
+                 min_steps: int = 12) -> None:
+        if window < 1 or hold < 1 or not 0.0 <= margin < 1.0 or first_test < 0 or min_steps < 1:
+            raise ValueError("need window >= 1, hold >= 1, 0 <= margin < 1, first_test >= 0, min_steps >= 1")
+        self.window, self.hold, self.margin, self.min_steps = int(window), int(hold), float(margin), int(min_steps)
+        self.allows = True                  # may requests draft in the step being decided
+        self.verdict: GuardVerdict | None = None
+        self.tests = 0                      # tests finished
+        self._hold_left = int(first_test)   # steps until the next test
+        self._test_step = -1                # step within the running test (-1: none running)
+        self._sums = {True: [0.0, 0.0, 0], False: [0.0, 0.0, 0]}     # side -> seconds, tokens, steps
+        self._requests = 0.0                # decoding requests summed over the test's steps
+        self._batch_range = (1 << 30, 0)    # ... their least and most in one step
+        self._moved = 0                     # steps in a row at a batch size far from the verdict's
+        self._last_allows = True            # what the step being measured was decided under
+
+    def step(self, seconds: float | None, tokens: int, requests: int) -> None:
+        """One step has run: `seconds` its whole period and `tokens` what it emitted, with
+        `requests` decoding requests (`seconds` None: not a pure decode step, not counted).
+        Then decide whether the next step may draft (`allows`)."""
+        if self._test_step >= 0 and seconds is not None and seconds > 0 and requests > 0:
+            side = self._sums[self._last_allows]
+            side[0] += seconds
+            side[1] += tokens
+            side[2] += 1
+            self._requests += requests
+            self._batch_range = (min(self._batch_range[0], requests), max(self._batch_range[1], requests))
+        elif self._test_step < 0 and self.verdict is not None and requests > 0:
+            # the load that decided the verdict is gone once the batch has stayed halved or
+            # doubled for a while (not a batch draining for a few steps)
+            moved = not 0.5 < requests / max(self.verdict.batch, 1e-9) < 2.0
+            self._moved = self._moved + 1 if moved else 0
+            if self._moved >= 2 * self.window:
+                self._hold_left = 0
+        self._advance()
+        self._last_allows = self.allows
+
+    def _advance(self) -> None:
+        if self._test_step < 0:
+            if self._hold_left > 0:
+                self._hold_left -= 1
+                return
+            self._test_step = 0
+            self._sums = {True: [0.0, 0.0, 0], False: [0.0, 0.0, 0]}
+            self._requests = 0.0
+            self._batch_range = (1 << 30, 0)
+            self._moved = 0
+        else:
+            self._test_step += 1
+        if self._test_step >= self.window * len(_TEST_ORDER):
+            self._finish_test()
+            return
+        self.allows = _TEST_ORDER[self._test_step // self.window]
+
+    def _finish_test(self) -> None:
+        self._test_step = -1
+        self._hold_left = self.hold
+        self.tests += 1
+        on, off = self._sums[True], self._sums[False]
+        low, high = self._batch_range
+        if high > MAX_BATCH_SPREAD * low:
+            # the load changed during the test (requests arriving or draining): its sides are
+            # not comparable; keep the verdict and test again soon
+            self._hold_left = self.window * len(_TEST_ORDER)
+        elif on[2] >= self.min_steps and off[2] >= self.min_steps and on[0] > 0 and off[0] > 0 and off[1] > 0:
+            ratio = (on[1] / on[0]) / (off[1] / off[0])
+            self.verdict = GuardVerdict(ratio >= 1.0 - self.margin, ratio, self._requests / (on[2] + off[2]))
+            if ratio >= CLEAR_GAIN:
+                # a test's paused windows cost what drafting gains: test a clear gain less often
+                self._hold_left = CLEAR_GAIN_HOLD * self.hold
+        self.allows = self.verdict.allows if self.verdict is not None else True
