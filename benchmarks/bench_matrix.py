@@ -26,7 +26,8 @@ YAML path or inline JSON mapping, e.g. `demo/lookup-trie-distilled:32`). `off` i
 
 Fairness on a 2-core machine. All servers start up front (one after the other, ~2.5 GB RSS
 each: the free memory is checked first), get a short warm-up, then TAKE TURNS: in each regime
-cell the prompts are split into batches of max(8, 2 x concurrency) (at most all of them) and
+cell the prompts are split into batches of max(8, WAVES x concurrency) (--waves, default 2; at
+most all of them) and
 every server runs each batch in turn, the order rotating by one from batch to batch (the
 rotation runs on across cells and rounds), with an idle gap (--idle-gap, 1.5 s) after every
 turn. The gap is there because an idle vLLM server is not idle right after it served: its
@@ -218,13 +219,16 @@ def regimes(temperatures: Sequence[float], concurrencies: Sequence[int]) -> list
     return [Regime(float(t), int(c)) for t in temperatures for c in concurrencies]
 
 
-def batch_size(num_prompts: int, concurrency: int) -> int:
-    return max(1, min(max(8, 2 * concurrency), num_prompts))
+def batch_size(num_prompts: int, concurrency: int, waves: int = 2) -> int:
+    """Prompts per turn: `waves` x concurrency (at least 8, at most all). Each turn fills and
+    drains the server once; more waves make the drain a smaller part of it (continuous traffic
+    has none; a drain penalizes configs whose requests finish at different steps)."""
+    return max(1, min(max(8, waves * concurrency), num_prompts))
 
 
-def batches(num_prompts: int, concurrency: int) -> list[range]:
+def batches(num_prompts: int, concurrency: int, waves: int = 2) -> list[range]:
     """Consecutive prompt index ranges of `batch_size` (the last may be shorter)."""
-    size = batch_size(num_prompts, concurrency)
+    size = batch_size(num_prompts, concurrency, waves)
     return [range(i, min(i + size, num_prompts)) for i in range(0, num_prompts, size)]
 
 
@@ -464,6 +468,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (ignore_eos)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7, 1.0])
+    p.add_argument("--waves", type=int, default=2,
+                   help="prompts per turn = WAVES x concurrency (at least 8): each turn fills and drains "
+                        "the server once, so more waves weigh the drain less")
     p.add_argument("--rounds", type=int, default=1, help="repeat the matrix (more paired batches per cell)")
     p.add_argument("--idle-gap", type=float, default=1.5,
                    help="seconds of idle after every turn (vLLM's shm readers spin 1 s after a read)")
@@ -476,7 +483,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output", type=Path, default=None,
                    help="JSON path (default: benchmarks/results/bench_matrix_<fixture>.json); the PNG goes beside it")
     ns = p.parse_args(argv)
-    for flag, value, low in (("--rounds", ns.rounds, 1), ("--num-prompts", ns.num_prompts, 1),
+    for flag, value, low in (("--rounds", ns.rounds, 1), ("--num-prompts", ns.num_prompts, 1), ("--waves", ns.waves, 1),
                              ("--max-tokens", ns.max_tokens, 1), ("--concurrency", min(ns.concurrency), 1)):
         if value < low:
             p.error(f"{flag} must be at least {low}, got {value}")
@@ -535,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
     pool = build_prompts(n_sets * ns.num_prompts + n_warm, seed=ns.seed)
     warmup = [p.text for p in pool[-n_warm:]]
     sets = [[p.text for p in pool[i * ns.num_prompts:(i + 1) * ns.num_prompts]] for i in range(n_sets)]
-    turns_total = ns.rounds * sum(len(batches(ns.num_prompts, r.concurrency)) for r in cells_spec) * len(configs)
+    turns_total = ns.rounds * sum(len(batches(ns.num_prompts, r.concurrency, ns.waves)) for r in cells_spec) * len(configs)
     _log(f"{len(configs)} configs x {len(cells_spec)} regimes x {ns.rounds} round(s): {turns_total} turns, "
          f"{ns.num_prompts} prompts x {ns.max_tokens} tokens per cell")
 
@@ -578,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
                 turn_parts: list[list[dict[str, list[float]]]] = [[] for _ in configs]
                 turn_toks: list[list[int]] = [[] for _ in configs]
                 toks = [0] * len(configs)
-                for batch in batches(len(prompts), reg.concurrency):
+                for batch in batches(len(prompts), reg.concurrency, ns.waves):
                     for j in turn_order(len(configs), turn):
                         clock_before = read_slots(clocks[j])
                         load = run_load(servers[j], [prompts[i] for i in batch], max_tokens=ns.max_tokens,
@@ -653,7 +660,7 @@ def main(argv: list[str] | None = None) -> int:
                 s["mismatches"] = [{"round": r, **m} for r, e in enumerate(rows) for m in e["mismatches"]]
             s["rounds"] = [{k: v for k, v in e.items() if k != "mismatches"} for e in rows]
         cells.append({"regime": reg.label, "temperature": reg.temperature, "concurrency": reg.concurrency,
-                      "batch_size": batch_size(ns.num_prompts, reg.concurrency), "configs": summary})
+                      "batch_size": batch_size(ns.num_prompts, reg.concurrency, ns.waves), "configs": summary})
 
     spec_labels = labels[1:]
     ratio_md = markdown_table(cells, spec_labels)
@@ -676,7 +683,7 @@ def main(argv: list[str] | None = None) -> int:
                      "temperatures": ns.temperatures, "rounds": ns.rounds, "idle_gap_s": ns.idle_gap,
                      "pin_frontend": ns.pin_frontend,
                      "seed": ns.seed, "shared_prompts": ns.shared_prompts, "ignore_eos": True,
-                     "batch_rule": "max(8, 2 x concurrency), at most --num-prompts; order rotates by one per batch",
+                     "batch_rule": f"max(8, {ns.waves} x concurrency), at most --num-prompts; order rotates by one per batch",
                      "warmup": {"prompts": n_warm, "max_tokens": WARMUP_MAX_TOKENS,
                                 "temperatures": sorted(set(ns.temperatures))},
                      "turns": turns_total,

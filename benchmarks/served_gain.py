@@ -25,8 +25,9 @@ SERIES = ("treespec_gain_decisions_total", "treespec_gain_cost_tokens", "treespe
           "treespec_draft_seconds_sum", "treespec_draft_seconds_count",
           "treespec_worker_step_seconds_sum", "treespec_worker_step_seconds_count",
           "treespec_verify_seconds_sum", "treespec_accept_seconds_sum", "treespec_compaction_seconds_sum",
-          "treespec_tree_attention_seconds_sum")
-GAUGES = ("treespec_gain_cost_tokens", "treespec_gain_step_seconds")   # the rest of SERIES are counters
+          "treespec_tree_attention_seconds_sum", "treespec_guard_ratio", "treespec_guard_drafting")
+GAUGES = ("treespec_gain_cost_tokens", "treespec_gain_step_seconds", "treespec_guard_ratio",
+          "treespec_guard_drafting")   # the rest of SERIES are counters
 
 
 def parse_series(text: str) -> dict[str, float]:
@@ -63,18 +64,23 @@ def main(argv: list[str] | None = None) -> int:
     _, model_dir, _ = resolve_model(ns)
     cfg = parse_configs([ns.config])[-1]
     pool = [p.text for p in build_prompts(ns.num_prompts + ns.concurrency, seed=13)]
-    with serve(model_dir, cfg.args, base_args=serve_args_default_dtype(CPU_SERVE_ARGS)) as server:
+    with serve(model_dir, cfg.args, base_args=serve_args_default_dtype(CPU_SERVE_ARGS), keep_log=True) as server:
         run_load(server, pool[ns.num_prompts:], max_tokens=32, concurrency=ns.concurrency,
                  temperature=ns.temperature)
         before = parse_series(urllib.request.urlopen(server.base_url + "/metrics", timeout=10).read().decode())
         load = run_load(server, pool[:ns.num_prompts], max_tokens=ns.max_tokens,
                         concurrency=ns.concurrency, temperature=ns.temperature)
         after = parse_series(urllib.request.urlopen(server.base_url + "/metrics", timeout=10).read().decode())
+        log = server.log_path
+    guard = [line.split("TreeProposer: ", 1)[-1] for line in log.read_text(errors="replace").splitlines()
+             if "budget.gain.guard" in line]
+    log.unlink(missing_ok=True)
     counters = {k: after[k] - before.get(k, 0.0) for k in after if not k.startswith(GAUGES)}
     gauges = {k: v for k, v in after.items() if k not in counters}
     record = {"benchmark": "served_gain", "hardware": hardware_info(), "software": software_info(),
               "settings": vars(ns) | {"output": str(ns.output) if ns.output else None},
-              "tokens_per_s": load.tokens_per_s, "during_load": counters, "last_values": gauges}
+              "tokens_per_s": load.tokens_per_s, "during_load": counters, "last_values": gauges,
+              "guard_log": guard}
     text = json.dumps(record, indent=1)
     print(text)
     if ns.output:

@@ -88,6 +88,7 @@ def test_batches():
     assert [len(b) for b in bm.batches(64, 1)] == [8] * 8
     assert [len(b) for b in bm.batches(64, 8)] == [16] * 4
     assert [len(b) for b in bm.batches(64, 32)] == [64]
+    assert [len(b) for b in bm.batches(512, 32, waves=8)] == [256, 256]     # a smaller share of drain per turn
     assert [(b.start, b.stop) for b in bm.batches(10, 1)] == [(0, 8), (8, 10)]
     assert [len(b) for b in bm.batches(8, 8)] == [8]            # capped at the prompt count
     assert [len(b) for b in bm.batches(3, 1)] == [3]
