@@ -14,11 +14,15 @@ pytestmark = pytest.mark.e2e
 
 K = 8
 ENGINE = dict(dtype="float32", enforce_eager=True, max_model_len=1024, max_num_seqs=8, seed=0)
-SPEC = dict(speculative_config=spec_config(K), additional_config={"treespec": "prompt-lookup"})
+# These tests read what was drafted, so budget.gain.guard is off: on this tiny random model
+# drafted steps may measure slower than paused ones, and the guard would pause drafting for
+# timing reasons (budget/guard.py; tests/test_budget_guard.py covers it)
+NO_GUARD = {"budget": {"gain": {"guard": False}}}
+SPEC = dict(speculative_config=spec_config(K), additional_config={"treespec": {"preset": "prompt-lookup", **NO_GUARD}})
 # the default preset (budget.gain.confidence: greedy drafts cut by their calibrated ratings) with
 # branching trees, so rated trees that are not chains are cut and verified too
 CONFIDENCE = dict(speculative_config=spec_config(K),
-                  additional_config={"treespec": {"preset": "lookup-online",
+                  additional_config={"treespec": {"preset": "lookup-online", **NO_GUARD,
                                                   "tree": {"builder": "best_first", "max_depth": 8}}})
 PROMPTS = corpus.held_out_prompts(16, prompt_chars=400, seed=11)
 
