@@ -117,3 +117,21 @@ def test_a_test_across_a_changing_load_decides_nothing_and_a_draining_batch_ends
     _serve(g, 33, 800, 1000, requests=32)
     _serve(g, 7, 800, 1000, requests=2)                           # a few steps of a draining batch
     assert not g.allows and g.tests == 1
+
+
+def test_under_tensor_parallelism_every_rank_takes_rank_0s_verdict(monkeypatch):
+    """The guard times each rank's own steps; ranks that drafted differently would verify
+    different trees, so rank 0's `allows` is broadcast every step."""
+    import time
+
+    import vllm_treespec.engine.budget_control as budget_control
+
+    p = _proposer(guard=True)
+    p.budget._tensor_parallel = True
+    sent = []
+    monkeypatch.setattr(budget_control, "_broadcast_from_first_rank", lambda v: sent.append(v) or 0)
+    sched = SimpleNamespace(num_scheduled_tokens={"a": 1}, scheduled_spec_decode_tokens={},
+                            total_num_scheduled_tokens=1)
+    assert p.budget.guard.allows
+    p.budget.observe_step(sched, time.perf_counter())
+    assert sent == [1] and not p.budget.guard.allows              # rank 0 said paused

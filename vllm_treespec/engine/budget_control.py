@@ -71,8 +71,8 @@ class BudgetControl:
         self.step_held = False         # this step's drafts were held back (`_settle`)
         # auto budgets depend on each rank's own timings: rank 0's choice is broadcast every step
         # so all tensor-parallel ranks draft the same trees
-        self._sync = (config.budget.mode == "auto"
-                      and int(vllm_config.parallel_config.tensor_parallel_size) > 1)
+        self._tensor_parallel = int(vllm_config.parallel_config.tensor_parallel_size) > 1
+        self._sync = config.budget.mode == "auto" and self._tensor_parallel
         # the last verified step's (budgets, accepted, drafted) per tree, for the policy's observe
         self._verified: tuple[list[int], list[int], list[int]] | None = None
         self.draft_seconds = 0.0       # the last drafting call's seconds
@@ -480,6 +480,10 @@ class BudgetControl:
         decode = query > 0 and query == num_reqs + draft_rows
         was, tests = guard.verdict, guard.tests
         guard.step(period if decode else None, num_reqs + sum(accepted), num_reqs)
+        if self._tensor_parallel:
+            # the guard times each rank's own steps: rank 0's verdict holds on every rank, so all
+            # tensor-parallel ranks draft the same trees (every rank observes every step)
+            guard.allows = bool(_broadcast_from_first_rank(int(guard.allows)))
         verdict = guard.verdict
         if guard.tests != tests and verdict is not None and (was is None or was.allows != verdict.allows):
             logger.info("TreeProposer: drafting %s at %.1f decoding requests: drafted steps emitted "
