@@ -293,6 +293,9 @@ def test_gain_config_is_checked():
         load_config({"preset": "prompt-lookup", "budget": {"gain": {"shadow_probes": "yes"}}}, 8)
     assert not load_config({"preset": "prompt-lookup",
                             "budget": {"gain": {"shadow_probes": False}}}, 8).budget.gain.shadow_probes
+    with pytest.raises(ConfigError, match=r"budget.gain.guard: expected true or false, got 'off'"):
+        load_config({"preset": "prompt-lookup", "budget": {"gain": {"guard": "off"}}}, 8)
+    assert load_config({"preset": "prompt-lookup", "budget": {"gain": {}}}, 8).budget.gain.guard
 
 
 def test_margin_stops_drafts_the_model_rates_break_even():

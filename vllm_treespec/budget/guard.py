@@ -2,11 +2,11 @@
 
 Why: budget.gain prices each draft from a fitted cost model, and what that model does not see
 (drafter calls, rating, tree acceptance beyond the measured part, the engine's handling of drafts)
-can make drafting lose although every draft is rated as paying. Served on a 2-core CPU at 32
-greedy clients, the default drafted, accepted 6.9 tokens per drafted step and ran at 0.87x no
-speculation (docs/never-slower.md section 4): verified rows cost nearly what the tokens they
-save cost there, and the proposer's own time was the loss. No cost model fixes what it does not
-model; measuring the outcome does.
+can make drafting lose although every draft is rated as paying. No cost model fixes what it does
+not model; measuring the outcome does. It is a safety net: in the served matrix on the 2-core
+CPU (docs/never-slower.md section 4) it cost nothing measurable, and the one regime that read
+under 1 with drafting on (32 greedy clients) turned out to be the benchmark turn's drain, not
+drafting.
 
 So the guard measures it. Every so often it runs a test: windows of steps with drafting allowed
 and with drafting paused, alternated ON OFF OFF ON (so a drift in the machine's speed hits both

@@ -456,30 +456,34 @@ class BudgetControl:
         query = total_scheduled_tokens(scheduler_output)
         budgets, accepted, drafted = self._verified or ([], [], [])
         self._verified = None
-        if self.guard is not None:
-            self._guard_step(scheduler_output, query, now - last if last is not None else None, accepted)
-        if self.gain is not None and query > 0:
-            # budget.gain prices a step by its whole period, drafting excluded (counted apart):
-            # the engine core's scheduling and output handling between worker steps is part of
-            # what every step costs (vLLM runs custom proposers, and
-            # every server on CPU, without async scheduling)
-            period = now - self.last_propose_end if self.last_propose_end is not None else seconds
-            self._observe_gain_step(scheduler_output, query, period if period < 20 * seconds else seconds,
-                                    accepted, budgets)
+        if self.gain is not None:
+            # budget.gain and its guard learn from pure decode steps only (a prompt chunk's rows
+            # cost differently): one row per request plus the scheduled drafts, priced apart
+            num_reqs = len(scheduler_output.num_scheduled_tokens)
+            draft_rows = sum(len(d) for d in scheduler_output.scheduled_spec_decode_tokens.values())
+            decode = query > 0 and query == num_reqs + draft_rows
+            if self.guard is not None:
+                self._guard_step(now - last if last is not None and decode else None, num_reqs, accepted)
+            if decode:
+                # priced by the step's whole period, drafting excluded (counted apart): the engine
+                # core's scheduling and output handling between worker steps is part of what every
+                # step costs (vLLM runs custom proposers, and every server on CPU, without async
+                # scheduling)
+                period = now - self.last_propose_end if self.last_propose_end is not None else seconds
+                self.gain.observe_step(period if period < 20 * seconds else seconds, num_reqs, draft_rows,
+                                       num_reqs + sum(accepted), drafting=sum(1 for b in budgets if b > 0),
+                                       drafter_seconds=self.draft_seconds, overhead_seconds=self.spec_overhead)
         if query > 0 and self.policy.learns:
             self.policy.observe(query_tokens=query, step_seconds=seconds, budgets=budgets,
                                 accepted=accepted, drafted=drafted, drafter_seconds=self.draft_seconds)
 
-    def _guard_step(self, scheduler_output: Any, query: int, period: float | None,
-                    accepted: list[int]) -> None:
-        """Feed the guard one step: its whole period (drafting call to drafting call) and the
-        tokens it emitted, a pure decode step only; log a verdict that changes drafting."""
+    def _guard_step(self, period: float | None, num_reqs: int, accepted: list[int]) -> None:
+        """Feed the guard one step: its whole period (drafting call to drafting call; None when
+        not a pure decode step, which it does not count) and the tokens it emitted; log a
+        verdict that changes drafting."""
         guard = self.guard
-        num_reqs = len(scheduler_output.num_scheduled_tokens)
-        draft_rows = sum(len(d) for d in scheduler_output.scheduled_spec_decode_tokens.values())
-        decode = query > 0 and query == num_reqs + draft_rows
         was, tests = guard.verdict, guard.tests
-        guard.step(period if decode else None, num_reqs + sum(accepted), num_reqs)
+        guard.step(period, num_reqs + sum(accepted), num_reqs)
         if self._tensor_parallel:
             # the guard times each rank's own steps: rank 0's verdict holds on every rank, so all
             # tensor-parallel ranks draft the same trees (every rank observes every step)
@@ -490,19 +494,6 @@ class BudgetControl:
                         "%.2fx the tokens per second of paused ones (budget.gain.guard)",
                         "allowed" if verdict.allows else "paused", verdict.batch, verdict.ratio)
         self.stats.observe_guard(verdict.ratio if verdict is not None else None, guard.allows)
-
-    def _observe_gain_step(self, scheduler_output: Any, query: int, seconds: float,
-                           accepted: list[int], budgets: list[int]) -> None:
-        """budget.gain learns step costs from decode steps only (a prompt chunk's rows cost
-        differently): query rows = one per request plus the scheduled drafts, priced apart."""
-        drafts = scheduler_output.scheduled_spec_decode_tokens
-        num_reqs = len(scheduler_output.num_scheduled_tokens)
-        draft_rows = sum(len(d) for d in drafts.values())
-        if query != num_reqs + draft_rows:
-            return
-        self.gain.observe_step(seconds, num_reqs, draft_rows, num_reqs + sum(accepted),
-                               drafting=sum(1 for b in budgets if b > 0),
-                               drafter_seconds=self.draft_seconds, overhead_seconds=self.spec_overhead)
 
 
 @dataclass
