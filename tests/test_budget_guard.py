@@ -135,3 +135,24 @@ def test_under_tensor_parallelism_every_rank_takes_rank_0s_verdict(monkeypatch):
     assert p.budget.guard.allows
     p.budget.observe_step(sched, time.perf_counter())
     assert sent == [1] and not p.budget.guard.allows              # rank 0 said paused
+
+
+def test_the_guard_gauges_are_written_on_change_only():
+    """Its gauges (treespec_guard_ratio, treespec_guard_drafting) are written at the first step
+    and when the verdict or `allows` changes, not every step (the write is per-step work in
+    every idle step of a sampled load)."""
+    import time
+
+    p = _proposer(guard=True)
+    p.budget.guard = g = SpeculationGuard(window=2, hold=1000, first_test=4, min_steps=1)
+    seen, states = [], []
+    p.stats.observe_guard = lambda ratio, drafting: seen.append((ratio, drafting))
+    sched = SimpleNamespace(num_scheduled_tokens={"a": 1}, scheduled_spec_decode_tokens={},
+                            total_num_scheduled_tokens=1)
+    for _ in range(30):
+        p.budget.observe_step(sched, time.perf_counter())
+        state = (g.verdict.ratio if g.verdict is not None else None, g.allows)
+        if not states or states[-1] != state:
+            states.append(state)
+    assert g.tests == 1 and len(states) >= 5        # a whole test ran: its windows and its verdict
+    assert seen == states

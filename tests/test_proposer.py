@@ -363,10 +363,11 @@ def test_a_stopped_request_waits_without_its_per_step_checks(monkeypatch):
     assert looked_up == ["s"]
 
 
-def _quiet_run(quiet: bool, steps: int, seeds: tuple, monkeypatch) -> tuple:
+def _quiet_run(quiet: bool, steps: int, seeds: tuple, monkeypatch, paused: range = range(0)) -> tuple:
     """A proposer over a fixed batch of sampled requests whose drafts never pay (so budget.gain
-    stops them and they only wait for probes), `steps` steps, with or without quiet stretches;
-    returns each step's drafts, the records' gain state and the statistics."""
+    stops them and they only wait for probes), `steps` steps, with or without quiet stretches,
+    the guard pausing drafting in the steps of `paused`; returns each step's drafts, the
+    records' gain state and the statistics."""
     from vllm import SamplingParams
 
     from vllm_treespec.budget.gain import GainCosts
@@ -388,6 +389,7 @@ def _quiet_run(quiet: bool, steps: int, seeds: tuple, monkeypatch) -> tuple:
                        for r, seed in zip(ids, seeds)}
     drafts = []
     for step in range(steps):
+        p.budget.guard.allows = step not in paused     # (the guard's verdict, set by hand)
         drafts.append(p.propose_step(runner, _sched(), [[1]] * len(ids)))
         runner.input_batch.num_tokens_no_spec[:len(ids)] += 1      # each sampled one token
         runner.input_batch.token_ids_cpu[:len(ids), len(text) + step] = 1
@@ -411,6 +413,28 @@ def test_quiet_stretches_decide_and_count_as_every_step_would(seeds, monkeypatch
     assert quiet[:3] == plain[:3]
     stats = quiet[2]
     assert stats[0].get("stopped", 0) > 40 and stats[1].get("calibration", 0) >= 9
+
+
+@pytest.mark.parametrize("seeds", [(None, None), (None, 7)])
+def test_steps_the_guard_pauses_are_quiet_and_count_as_every_step_would(seeds, monkeypatch):
+    """While budget.gain.guard pauses drafting, nobody but seeded sampled requests can draft:
+    those steps are a quiet stretch too, ended when the guard's verdict changes (here from
+    step 10 to 49, then again from step 60, in the middle of stretches), and everything comes
+    out as when each step is decided as it comes: the paused requests are not decided, the
+    seeded one is, and the steps count as paused."""
+    from vllm_treespec.engine.budget_control import BudgetControl
+
+    paused = [*range(10, 50), *range(60, 80)]
+    with monkeypatch.context() as m:
+        plain = _quiet_run(False, 80, seeds, m, paused=paused)
+    calls = []
+    caps = BudgetControl.caps
+    monkeypatch.setattr(BudgetControl, "caps", lambda self, *a: calls.append(1) or caps(self, *a))
+    quiet = _quiet_run(True, 80, seeds, monkeypatch, paused=paused)
+    assert quiet[:3] == plain[:3]
+    assert quiet[2][1].get("paused", 0) + quiet[2][1].get("calibration", 0) >= 55
+    if seeds == (None, None):
+        assert len(calls) <= 30          # of 80 steps, 60 of them paused
 
 
 def test_quiet_stretches_skip_the_per_step_work(monkeypatch):

@@ -60,6 +60,7 @@ class BudgetControl:
         # budget.gain.guard: drafting paused while measured slower than no drafts (budget/guard.py)
         self.guard = SpeculationGuard() if gain.enabled and gain.guard else None
         self._last_step_at: float | None = None       # when the last step was observed (the guard's period)
+        self._guard_unseen = True      # the guard's gauges not yet written
         # budget.gain.confidence: greedy requests draft first and keep what their drafter's
         # calibrated ratings say pays (budget/confidence.py). Any drafter: greedy trees are never
         # drawn from a drafter's q (only sampled requests' are), so no q rows are cut with them
@@ -122,6 +123,7 @@ class BudgetControl:
         records: dict[int, GainRecord] = {}            # ... and the state of those decided in full
         rated: list[int] = []          # request indices decided on their drafts (`rate_drafts`)
         shadow: list[int] = []         # request indices drafting a shadow probe (`keep_shadow_probes`)
+        paused_rows: list[int] = []    # request indices the guard's pause kept from drafting
         self._pending = None
         self.step_held = False
         if self.gain is not None:
@@ -140,6 +142,7 @@ class BudgetControl:
                     requests.blocker(req_id, runner)
                 if not st.seeded_sampled:
                     caps[i] = 0
+                    paused_rows.append(i)
                     continue
             if self.gain is not None and known is not None and known.gain is not None:
                 # decided before: if it is waiting for a probe (or the step calibrates) nothing
@@ -178,46 +181,56 @@ class BudgetControl:
         elif decided:
             self._settle(caps, decided, records)
         self._quiet = self._quiet_stretch(requests, req_ids, lengths, decoding, decided, records,
-                                          rated, shadow, chosen)
+                                          rated, shadow, paused_rows, chosen)
         return caps, choice
 
     # -- the quiet stretch: steps in which no request can draft ---------------------------------
     def _quiet_stretch(self, requests: RequestTable, req_ids: Sequence[str], lengths: Sequence[int],
                        decoding: Sequence[bool], decided: dict[int, GainDecision | None],
                        records: dict[int, GainRecord], rated: Sequence[int], shadow: Sequence[int],
-                       chosen: int) -> _QuietStretch | None:
-        """After a step in which budget.gain settled every request of the batch without a full
-        decision (each stopped and waiting for its probe, or sitting out), the steps in which it
-        certainly settles all of them again (GainControl.quiet_steps) and no cap can reach 0 for
-        another reason. While the batch stays the same, the proposer skips those steps
-        (`quiet_step`) and their decisions are made and counted in one go when the stretch ends
-        (`end_quiet`). Why: at sampled loads most steps are such steps, and their per-request
-        bookkeeping, a few microseconds hot, was most of what an idle speculative server spent
-        beyond vLLM's own step with its caches cold (docs/never-slower.md section 4). Only under
-        a fixed budget policy (its choice cannot change within the stretch) and a drafter that
-        needs no call per step."""
+                       paused_rows: Sequence[int], chosen: int) -> _QuietStretch | None:
+        """After a step in which no request of the batch could draft, each either settled by
+        budget.gain without a full decision (stopped and waiting for its probe, or sitting out)
+        or kept out by the guard's pause, the steps in which that certainly stays so: those
+        budget.gain settles again (GainControl.quiet_steps) while the guard's verdict stands,
+        and no cap can reach 0 for another reason. While the batch stays the same, the proposer
+        skips those steps (`quiet_step`) and their decisions are made and counted in one go when
+        the stretch ends (`end_quiet`). Why: at sampled loads most steps are such steps, and
+        their per-request bookkeeping, a few microseconds hot, was most of what an idle
+        speculative server spent beyond vLLM's own step with its caches cold
+        (docs/never-slower.md section 4). Only under a fixed budget policy (its choice cannot
+        change within the stretch) and a drafter that needs no call per step."""
         n = len(req_ids)
-        if self.gain is None or not n or len(decided) != n or records or rated or shadow or self._shadows \
-                or self.policy.mode != "fixed" or not chosen or not all(decoding) or self._every_step:
+        if self.gain is None or not n or len(decided) + len(paused_rows) != n or records or rated or shadow \
+                or self._shadows or self.policy.mode != "fixed" or not chosen or not all(decoding) \
+                or self._every_step:
             return None
         steps = min(self.gain.max_probe_every, self.max_model_len - max(lengths) - 1)
-        members = []
-        for req_id in req_ids:
+        members, settled = [], []
+        for i, req_id in enumerate(req_ids):
             st = requests.get(req_id)
-            if st is None or st.gain is None:
-                return None
-            steps = min(steps, self.gain.quiet_steps(st.gain, st.seeded_sampled))
-            if steps <= 0:
+            if st is None:
                 return None
             members.append(st)
-        return _QuietStretch(list(req_ids), members, steps, chosen)
+            if i in decided:
+                if st.gain is None:
+                    return None
+                steps = min(steps, self.gain.quiet_steps(st.gain, st.seeded_sampled))
+                settled.append(st)
+            if steps <= 0:
+                return None
+        allows = self.guard is None or self.guard.allows
+        return _QuietStretch(list(req_ids), members, settled, steps, chosen, allows)
 
     def quiet_step(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]]) -> bool:
         """Whether this step is one of the quiet stretch (`_quiet_stretch`): the same batch, every
-        request decoding. Then nobody drafts and the caller returns no drafts at once; a False
-        sends it down the full path (`caps`), which ends the stretch first."""
+        request decoding, the guard's verdict unchanged. Then nobody drafts and the caller
+        returns no drafts at once; a False sends it down the full path (`caps`), which ends the
+        stretch first."""
         quiet = self._quiet
         if quiet is None or quiet.steps <= 0 or quiet.req_ids != req_ids or self._shadows:
+            return False
+        if self.guard is not None and self.guard.allows != quiet.allows:
             return False
         if not all(sampled_token_ids[:len(req_ids)]):
             return False
@@ -227,8 +240,9 @@ class BudgetControl:
 
     def end_quiet(self, requests: RequestTable) -> None:
         """Make the skipped steps' decisions and counts (the same `begin_step` and
-        `decide_without_cap` calls, in order, that each step's `caps` would have made) and
-        forget the stretch. Called before anything reads or changes the requests' gain state."""
+        `decide_without_cap` calls, in order, that each step's `caps` would have made; the
+        requests the guard's pause kept out are not decided) and forget the stretch. Called
+        before anything reads or changes the requests' gain state."""
         quiet, self._quiet = self._quiet, None
         if quiet is None or not quiet.done:
             return
@@ -238,12 +252,13 @@ class BudgetControl:
         for _ in range(quiet.done):
             gain.begin_step()
             calibration_steps += gain.calibrating
-            for st in quiet.members:
+            for st in quiet.settled:
                 kind = decision_kind(gain.decide_without_cap(st.gain, st.seeded_sampled), gain.calibrating)
                 counts[kind] = counts.get(kind, 0) + 1
         for st in quiet.members:
             st.steps += quiet.done
-        self.stats.observe_quiet_steps(quiet.done, len(quiet.members), calibration_steps, quiet.chosen, counts)
+        self.stats.observe_quiet_steps(quiet.done, len(quiet.members), calibration_steps, quiet.chosen, counts,
+                                       idle_kind="no drafts" if quiet.allows else "paused")
 
     def rate_drafts(self, requests: RequestTable, req_ids: Sequence[str], proposal: Any,
                     caps: list[int]) -> None:
@@ -482,7 +497,7 @@ class BudgetControl:
         not a pure decode step, which it does not count) and the tokens it emitted; log a
         verdict that changes drafting."""
         guard = self.guard
-        was, tests = guard.verdict, guard.tests
+        was, tests, allowed = guard.verdict, guard.tests, guard.allows
         guard.step(period, num_reqs + sum(accepted), num_reqs)
         if self._tensor_parallel:
             # the guard times each rank's own steps: rank 0's verdict holds on every rank, so all
@@ -493,17 +508,22 @@ class BudgetControl:
             logger.info("TreeProposer: drafting %s at %.1f decoding requests: drafted steps emitted "
                         "%.2fx the tokens per second of paused ones (budget.gain.guard)",
                         "allowed" if verdict.allows else "paused", verdict.batch, verdict.ratio)
-        self.stats.observe_guard(verdict.ratio if verdict is not None else None, guard.allows)
+        if guard.tests != tests or guard.allows != allowed or self._guard_unseen:
+            # (on change only: the gauges hold their last value)
+            self._guard_unseen = False
+            self.stats.observe_guard(verdict.ratio if verdict is not None else None, guard.allows)
 
 
 @dataclass
 class _QuietStretch:
-    """Steps in which budget.gain settles every request of an unchanged batch without a full
-    decision (`BudgetControl._quiet_stretch`)."""
+    """Steps in which no request of an unchanged batch can draft: budget.gain settles each
+    without a full decision or the guard's pause keeps it out (`BudgetControl._quiet_stretch`)."""
     req_ids: list[str]          # the batch, in the runner's order
     members: list[Any]          # per request its record (engine/request_table.py), same order
+    settled: list[Any]          # ... those budget.gain decides each step (the rest the guard pauses)
     steps: int                  # steps of the stretch still ahead
     chosen: int                 # the fixed policy's node budget (counted per step)
+    allows: bool                # the guard's verdict the stretch holds under (True without a guard)
     done: int = 0               # steps skipped so far, decided and counted by `end_quiet`
 
 

@@ -129,11 +129,13 @@ class TreeStats:
         self.step_kinds[kind] = self.step_kinds.get(kind, 0) + 1
 
     def observe_quiet_steps(self, steps: int, requests: int, calibration_steps: int, chosen: int,
-                            gain_counts: dict[str, int]) -> None:
+                            gain_counts: dict[str, int], idle_kind: str = "no drafts") -> None:
         """`steps` steps of a quiet stretch of `requests` decoding requests (engine/budget_control.py),
         counted at its end as each step's `observe_budget_choice`, `observe_gain`,
         `observe_step_kind` and `observe_draft` would have counted it: nobody could draft, so
-        each is a drafting step of 0 nodes, recorded at 0 seconds (the proposer skipped it)."""
+        each is a drafting step of 0 nodes, recorded at 0 seconds (the proposer skipped it);
+        `idle_kind` is the kind of its steps that did not calibrate ("paused" under the guard's
+        pause)."""
         if self.metrics is not None:
             self.metrics.observe_draft(0.0, (), steps)
             self.metrics.observe_budget_choice(chosen)
@@ -141,7 +143,7 @@ class TreeStats:
         self.draft_steps += steps
         self.budget_count += steps * requests
         self.budget_choices[chosen] = self.budget_choices.get(chosen, 0) + steps
-        for kind, n in (("calibration", calibration_steps), ("no drafts", steps - calibration_steps)):
+        for kind, n in (("calibration", calibration_steps), (idle_kind, steps - calibration_steps)):
             if n:
                 self.step_kinds[kind] = self.step_kinds.get(kind, 0) + n
         for kind, n in gain_counts.items():
