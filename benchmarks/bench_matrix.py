@@ -27,7 +27,9 @@ YAML path or inline JSON mapping, e.g. `demo/lookup-trie-distilled:32`). `off` i
 Fairness on a 2-core machine. All servers start up front (one after the other, ~2.5 GB RSS
 each: the free memory is checked first), get a short warm-up, then TAKE TURNS: in each regime
 cell the prompts are split into batches of max(8, WAVES x concurrency) (--waves, default 2; at
-most all of them) and
+most all of them; --waves and --num-prompts take one value or one per --concurrency value, e.g.
+`--concurrency 1 8 32 --num-prompts 32 32 256 --waves 2 2 8`: at 32 clients a turn of 2 waves
+is mostly the server's drain, which continuous traffic does not have) and
 every server runs each batch in turn, the order rotating by one from batch to batch (the
 rotation runs on across cells and rounds), with an idle gap (--idle-gap, 1.5 s) after every
 turn. The gap is there because an idle vLLM server is not idle right after it served: its
@@ -224,6 +226,17 @@ def batch_size(num_prompts: int, concurrency: int, waves: int = 2) -> int:
     drains the server once; more waves make the drain a smaller part of it (continuous traffic
     has none; a drain penalizes configs whose requests finish at different steps)."""
     return max(1, min(max(8, waves * concurrency), num_prompts))
+
+
+def per_concurrency(values: Sequence[int], concurrencies: Sequence[int], flag: str) -> dict[int, int]:
+    """concurrency -> value of a flag given once for all concurrencies or once per --concurrency
+    value (in its order), e.g. `--concurrency 1 8 32 --waves 2 2 8`."""
+    if len(values) == 1:
+        return {int(c): int(values[0]) for c in concurrencies}
+    if len(values) != len(concurrencies):
+        raise ValueError(f"{flag} takes one value or one per --concurrency value ({len(concurrencies)}), "
+                         f"got {len(values)}")
+    return {int(c): int(v) for c, v in zip(concurrencies, values)}
 
 
 def batches(num_prompts: int, concurrency: int, waves: int = 2) -> list[range]:
@@ -458,19 +471,34 @@ def explain_mismatch(server: Any, prompt: str, off_ids: list[int], spec_ids: lis
     return out
 
 
+def _one_or_per_concurrency(values: dict[int, int]) -> int | dict[str, int]:
+    """A per-concurrency setting for the record: one number when it is the same everywhere."""
+    distinct = set(values.values())
+    return distinct.pop() if len(distinct) == 1 else {str(c): v for c, v in values.items()}
+
+
+def _prompts_line(ns: argparse.Namespace) -> str:
+    per = _one_or_per_concurrency(ns.prompts_for)
+    if isinstance(per, int):
+        return f"{per} prompts"
+    return "prompts " + ", ".join(f"{n} at c={c}" for c, n in per.items())
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--fixture", default="code-lm", help="fixture model (tiny for quick checks)")
     p.add_argument("--model-dir", default=None, help="serve this model directory instead of a fixture")
     p.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, metavar="SPEC",
                    help=f"{SPEC_FORMS} (default: {' '.join(DEFAULT_CONFIGS)})")
-    p.add_argument("--num-prompts", type=int, default=64, help="prompts per regime cell")
+    p.add_argument("--num-prompts", type=int, nargs="+", default=[64],
+                   help="prompts per regime cell: one value, or one per --concurrency value")
     p.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (ignore_eos)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7, 1.0])
-    p.add_argument("--waves", type=int, default=2,
+    p.add_argument("--waves", type=int, nargs="+", default=[2],
                    help="prompts per turn = WAVES x concurrency (at least 8): each turn fills and drains "
-                        "the server once, so more waves weigh the drain less")
+                        "the server once, so more waves weigh the drain less; one value, or one per "
+                        "--concurrency value")
     p.add_argument("--rounds", type=int, default=1, help="repeat the matrix (more paired batches per cell)")
     p.add_argument("--idle-gap", type=float, default=1.5,
                    help="seconds of idle after every turn (vLLM's shm readers spin 1 s after a read)")
@@ -483,7 +511,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output", type=Path, default=None,
                    help="JSON path (default: benchmarks/results/bench_matrix_<fixture>.json); the PNG goes beside it")
     ns = p.parse_args(argv)
-    for flag, value, low in (("--rounds", ns.rounds, 1), ("--num-prompts", ns.num_prompts, 1), ("--waves", ns.waves, 1),
+    for flag, value, low in (("--rounds", ns.rounds, 1), ("--num-prompts", min(ns.num_prompts), 1),
+                             ("--waves", min(ns.waves), 1),
                              ("--max-tokens", ns.max_tokens, 1), ("--concurrency", min(ns.concurrency), 1)):
         if value < low:
             p.error(f"{flag} must be at least {low}, got {value}")
@@ -491,6 +520,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--idle-gap and --temperatures must be >= 0")
     if len(set(ns.concurrency)) != len(ns.concurrency) or len(set(ns.temperatures)) != len(ns.temperatures):
         p.error("--concurrency and --temperatures must not repeat a value")
+    try:
+        ns.prompts_for = per_concurrency(ns.num_prompts, ns.concurrency, "--num-prompts")
+        ns.waves_for = per_concurrency(ns.waves, ns.concurrency, "--waves")
+    except ValueError as e:
+        p.error(str(e))
     try:
         ns.matrix_configs = parse_configs(ns.configs)
     except (ValueError, json.JSONDecodeError) as e:     # ConfigError is a ValueError
@@ -536,15 +570,21 @@ def main(argv: list[str] | None = None) -> int:
     hw = hardware_info()
     _log(hardware_line(hw))
 
-    n_sets = 1 if ns.shared_prompts else ns.rounds * len(cells_spec)
+    # one prompt set per (round, cell), sized for its concurrency (--shared-prompts: one set,
+    # each cell taking its first prompts)
+    set_sizes = ([max(ns.prompts_for.values())] if ns.shared_prompts
+                 else [ns.prompts_for[r.concurrency] for _ in range(ns.rounds) for r in cells_spec])
     n_warm = max(ns.concurrency)
-    _log(f"building {n_sets * ns.num_prompts + n_warm} unseen prompts ...")
-    pool = build_prompts(n_sets * ns.num_prompts + n_warm, seed=ns.seed)
+    _log(f"building {sum(set_sizes) + n_warm} unseen prompts ...")
+    pool = build_prompts(sum(set_sizes) + n_warm, seed=ns.seed)
     warmup = [p.text for p in pool[-n_warm:]]
-    sets = [[p.text for p in pool[i * ns.num_prompts:(i + 1) * ns.num_prompts]] for i in range(n_sets)]
-    turns_total = ns.rounds * sum(len(batches(ns.num_prompts, r.concurrency, ns.waves)) for r in cells_spec) * len(configs)
+    starts = [sum(set_sizes[:i]) for i in range(len(set_sizes))]
+    sets = [[p.text for p in pool[a:a + n]] for a, n in zip(starts, set_sizes)]
+    n_sets = len(sets)
+    turns_total = ns.rounds * len(configs) * sum(
+        len(batches(ns.prompts_for[r.concurrency], r.concurrency, ns.waves_for[r.concurrency])) for r in cells_spec)
     _log(f"{len(configs)} configs x {len(cells_spec)} regimes x {ns.rounds} round(s): {turns_total} turns, "
-         f"{ns.num_prompts} prompts x {ns.max_tokens} tokens per cell")
+         f"{_prompts_line(ns)} x {ns.max_tokens} tokens per cell")
 
     started = dt.datetime.now(dt.timezone.utc)
     t_start = time.monotonic()
@@ -576,7 +616,8 @@ def main(argv: list[str] | None = None) -> int:
         turn = 0
         for rnd in range(ns.rounds):
             for ci, reg in enumerate(cells_spec):
-                prompts = sets[0 if ns.shared_prompts else rnd * len(cells_spec) + ci]
+                prompts = (sets[0][:ns.prompts_for[reg.concurrency]] if ns.shared_prompts
+                           else sets[rnd * len(cells_spec) + ci])
                 before = [scrape_spec_metrics(s) for s in servers]
                 time.sleep(ns.idle_gap)
                 outputs: list[list[Any]] = [[None] * len(prompts) for _ in configs]
@@ -585,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
                 turn_parts: list[list[dict[str, list[float]]]] = [[] for _ in configs]
                 turn_toks: list[list[int]] = [[] for _ in configs]
                 toks = [0] * len(configs)
-                for batch in batches(len(prompts), reg.concurrency, ns.waves):
+                for batch in batches(len(prompts), reg.concurrency, ns.waves_for[reg.concurrency]):
                     for j in turn_order(len(configs), turn):
                         clock_before = read_slots(clocks[j])
                         load = run_load(servers[j], [prompts[i] for i in batch], max_tokens=ns.max_tokens,
@@ -660,7 +701,9 @@ def main(argv: list[str] | None = None) -> int:
                 s["mismatches"] = [{"round": r, **m} for r, e in enumerate(rows) for m in e["mismatches"]]
             s["rounds"] = [{k: v for k, v in e.items() if k != "mismatches"} for e in rows]
         cells.append({"regime": reg.label, "temperature": reg.temperature, "concurrency": reg.concurrency,
-                      "batch_size": batch_size(ns.num_prompts, reg.concurrency, ns.waves), "configs": summary})
+                      "num_prompts": ns.prompts_for[reg.concurrency],
+                      "batch_size": batch_size(ns.prompts_for[reg.concurrency], reg.concurrency,
+                                               ns.waves_for[reg.concurrency]), "configs": summary})
 
     spec_labels = labels[1:]
     ratio_md = markdown_table(cells, spec_labels)
@@ -678,12 +721,14 @@ def main(argv: list[str] | None = None) -> int:
         "model": {"dir_name": model_dir.name, "label": label, "fixture": meta},
         "serve_args": list(base_args),
         "servers": servers_info,
-        "settings": {"configs": [c.spec for c in configs], "num_prompts": ns.num_prompts,
+        "settings": {"configs": [c.spec for c in configs],
+                     "num_prompts": _one_or_per_concurrency(ns.prompts_for),
                      "max_tokens": ns.max_tokens, "concurrencies": ns.concurrency,
                      "temperatures": ns.temperatures, "rounds": ns.rounds, "idle_gap_s": ns.idle_gap,
                      "pin_frontend": ns.pin_frontend,
                      "seed": ns.seed, "shared_prompts": ns.shared_prompts, "ignore_eos": True,
-                     "batch_rule": f"max(8, {ns.waves} x concurrency), at most --num-prompts; order rotates by one per batch",
+                     "waves": _one_or_per_concurrency(ns.waves_for),
+                     "batch_rule": "max(8, waves x concurrency), at most num_prompts; order rotates by one per batch",
                      "warmup": {"prompts": n_warm, "max_tokens": WARMUP_MAX_TOKENS,
                                 "temperatures": sorted(set(ns.temperatures))},
                      "turns": turns_total,
@@ -709,12 +754,12 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
     png = plot_heatmap(cells, spec_labels, out.with_suffix(".png"),
-                       f"bench_matrix, {model_dir.name}, {ns.num_prompts} prompts x {ns.max_tokens} tokens, "
+                       f"bench_matrix, {model_dir.name}, {_prompts_line(ns)} x {ns.max_tokens} tokens, "
                        f"{ns.rounds} round(s)\n{hardware_line(hw)}")
 
     print(f"\nspeedup vs off (median over batches of paired tokens/s ratios, {ns.rounds} round(s)); "
           f"model {model_dir.name}, "
-          f"{ns.num_prompts} unseen prompts x {ns.max_tokens} tokens per cell\n")
+          f"{_prompts_line(ns)} (unseen) x {ns.max_tokens} tokens per cell\n")
     print(ratio_md)
     print("\ndrift-corrected (each turn's seconds over its own forward seconds; valid where both sides "
           "verify about the same rows)\n")

@@ -96,6 +96,22 @@ def test_batches():
     assert covered == list(range(37))
 
 
+def test_prompts_and_waves_per_concurrency():
+    """--num-prompts / --waves: one value for every concurrency, or one per --concurrency value;
+    anything else is refused naming the flag."""
+    assert bm.per_concurrency([2], [1, 8, 32], "--waves") == {1: 2, 8: 2, 32: 2}
+    assert bm.per_concurrency([2, 2, 8], [1, 8, 32], "--waves") == {1: 2, 8: 2, 32: 8}
+    with pytest.raises(ValueError, match="--waves takes one value or one per --concurrency value"):
+        bm.per_concurrency([2, 8], [1, 8, 32], "--waves")
+    ns = bm.parse_args(["--configs", "off", "--concurrency", "1", "32", "--num-prompts", "32", "256",
+                        "--waves", "2", "8"])
+    assert ns.prompts_for == {1: 32, 32: 256} and ns.waves_for == {1: 2, 32: 8}
+    assert bm._one_or_per_concurrency(ns.prompts_for) == {"1": 32, "32": 256}
+    assert bm._one_or_per_concurrency(ns.waves_for | {1: 8}) == 8
+    with pytest.raises(SystemExit):
+        bm.parse_args(["--configs", "off", "--concurrency", "1", "8", "--num-prompts", "1", "2", "3"])
+
+
 def test_turn_rotation():
     n = 4
     orders = [bm.turn_order(n, t) for t in range(2 * n)]
