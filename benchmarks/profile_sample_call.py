@@ -12,7 +12,8 @@ after a warm-up. The pieces are timed by wrapping their functions with a perf_co
 0.3 us per call on the 2-core VM, so a piece of a few calls per step reads ~1 us high). Configs
 take turns round by round, so the VM's drift hits each alike; the table shows each piece's median
 over rounds. A config spec is a `bench_paired.py` spec; `SPEC@no-quiet` runs it with budget.gain's
-quiet stretches turned off (engine/budget_control.py), for a before/after in one run.
+quiet stretches turned off (engine/budget_control.py), `SPEC@no-tick` with their steps taken
+by the full path instead of `BudgetControl.quiet_tick`, for a before/after in one run.
 
     .venv/bin/python benchmarks/profile_sample_call.py --configs off \
         benchmarks/configs/drafting-off.yaml:24 lookup-online:24@no-quiet lookup-online:24 \
@@ -33,6 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 NO_QUIET = "@no-quiet"
+NO_TICK = "@no-tick"
 
 # (what the table calls it, module, class or None, function); timed where it is looked up
 PIECES: tuple[tuple[str, str, str | None, str], ...] = (
@@ -44,6 +46,7 @@ PIECES: tuple[tuple[str, str, str | None, str], ...] = (
     ("  draft handoff", "vllm_treespec.engine.runner_patches", None, "attach_drafts"),
     ("  drafting hook", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "propose_draft_token_ids"),
     ("    proposer step", "vllm_treespec.engine.proposer", "TreeProposer", "propose_step"),
+    ("      quiet tick", "vllm_treespec.engine.budget_control", "BudgetControl", "quiet_tick"),
     ("      step cost observation", "vllm_treespec.engine.budget_control", "BudgetControl", "observe_step"),
     ("        guard step", "vllm_treespec.engine.budget_control", "BudgetControl", "_guard_step"),
     ("        step cost fit", "vllm_treespec.budget.gain", "GainControl", "observe_step"),
@@ -85,12 +88,13 @@ def _child(spec: str, temperature: float, num_prompts: int, max_tokens: int) -> 
     from treespec_fixtures import build_fixture
     from vllm import LLM, SamplingParams
 
-    quiet = not spec.endswith(NO_QUIET)
-    spec = spec.removesuffix(NO_QUIET)
-    if not quiet:
-        from vllm_treespec.engine.budget_control import BudgetControl
+    from vllm_treespec.engine.budget_control import BudgetControl, QuietTick
 
+    if spec.endswith(NO_QUIET):
         BudgetControl._quiet_stretch = lambda self, *args: None
+    elif spec.endswith(NO_TICK):
+        BudgetControl.quiet_tick = lambda self, *args: QuietTick.NOT_TAKEN
+    spec = spec.removesuffix(NO_QUIET).removesuffix(NO_TICK)
     llm = LLM(model=str(build_fixture("code-lm")), enforce_eager=True, max_model_len=1024, seed=0,
               **resolved(engine_kwargs(spec)))
     # wrapped after the engine is built: over the plugin's runner patches, not under them
@@ -153,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     from harness.report import git_commit, hardware_info, software_info
 
     for spec in ns.configs:
-        check_spec(spec.removesuffix(NO_QUIET))
+        check_spec(spec.removesuffix(NO_QUIET).removesuffix(NO_TICK))
     runs: dict[str, list[dict[str, Any]]] = {spec: [] for spec in ns.configs}
     for r in range(ns.rounds):
         for spec in ns.configs:

@@ -1,6 +1,7 @@
 """TreeProposer lifecycle without an engine: budgets, per-request state, finish/abort cleanup."""
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -363,11 +364,21 @@ def test_a_stopped_request_waits_without_its_per_step_checks(monkeypatch):
     assert looked_up == ["s"]
 
 
-def _quiet_run(quiet: bool, steps: int, seeds: tuple, monkeypatch, paused: range = range(0)) -> tuple:
+def _decode_sched(ids: list[str], drafts: list[list[int]]) -> SimpleNamespace:
+    """A decode step's scheduler output: one row per request plus its scheduled drafts."""
+    return SimpleNamespace(num_spec_tokens_to_schedule=0, finished_req_ids=set(),
+                           num_scheduled_tokens={r: 1 + len(d) for r, d in zip(ids, drafts)},
+                           scheduled_spec_decode_tokens={r: d for r, d in zip(ids, drafts) if d},
+                           total_num_scheduled_tokens=sum(1 + len(d) for d in drafts))
+
+
+def _quiet_run(quiet: bool, steps: int, seeds: tuple, monkeypatch, paused: range = range(0),
+               timed: bool = False) -> tuple:
     """A proposer over a fixed batch of sampled requests whose drafts never pay (so budget.gain
     stops them and they only wait for probes), `steps` steps, with or without quiet stretches,
-    the guard pausing drafting in the steps of `paused`; returns each step's drafts, the
-    records' gain state and the statistics."""
+    the guard pausing drafting in the steps of `paused`; `timed`: each step is timed and
+    scheduled as the runner would (so budget.gain and the guard observe it). Returns each
+    step's drafts, the records' gain state, the statistics and the proposer."""
     from vllm import SamplingParams
 
     from vllm_treespec.budget.gain import GainCosts
@@ -390,7 +401,11 @@ def _quiet_run(quiet: bool, steps: int, seeds: tuple, monkeypatch, paused: range
     drafts = []
     for step in range(steps):
         p.budget.guard.allows = step not in paused     # (the guard's verdict, set by hand)
-        drafts.append(p.propose_step(runner, _sched(), [[1]] * len(ids)))
+        sched = _sched()
+        if timed:
+            p.step_started_at = time.perf_counter()
+            sched = _decode_sched(ids, drafts[-1] if drafts else [[]] * len(ids))
+        drafts.append(p.propose_step(runner, sched, [[1]] * len(ids)))
         runner.input_batch.num_tokens_no_spec[:len(ids)] += 1      # each sampled one token
         runner.input_batch.token_ids_cpu[:len(ids), len(text) + step] = 1
     p.on_requests_finished(["r0"])           # ends a stretch: its counts are made then
@@ -398,7 +413,7 @@ def _quiet_run(quiet: bool, steps: int, seeds: tuple, monkeypatch, paused: range
              for r in (p.requests[i].gain for i in ids[1:])]
     s = p.stats
     stats = (s.gain_decisions, s.step_kinds, s.budget_choices, s.draft_steps, s.budget_count,
-             p.budget.gain._step, [p.requests[i].steps for i in ids[1:]])
+             p.budget.gain._step, [p.requests[i].steps for i in ids[1:]], s.steps, p.budget.gain.cost.steps)
     return drafts, state, stats, p
 
 
@@ -435,6 +450,37 @@ def test_steps_the_guard_pauses_are_quiet_and_count_as_every_step_would(seeds, m
     assert quiet[2][1].get("paused", 0) + quiet[2][1].get("calibration", 0) >= 55
     if seeds == (None, None):
         assert len(calls) <= 30          # of 80 steps, 60 of them paused
+
+
+@pytest.mark.parametrize("seeds", [(None, None), (None, 7)])
+def test_timed_quiet_steps_observe_decide_and_count_as_every_step_would(seeds, monkeypatch):
+    """Served, a quiet stretch's step is one call (BudgetControl.quiet_tick): the guard is fed
+    at once, the step's cost for budget.gain and its worker-step time are kept and observed
+    when the stretch ends. Everything comes out as when each step is observed and decided as
+    it comes, the cost observations in the same order, through guard verdicts that change in
+    the middle of stretches."""
+    from vllm_treespec.budget.gain import GainControl
+    from vllm_treespec.engine.budget_control import BudgetControl, QuietTick
+
+    paused = [*range(10, 50), *range(60, 80)]
+
+    def run(quiet, m):
+        seen, ticks = [], []
+        observe = GainControl.observe_step
+        m.setattr(GainControl, "observe_step",
+                  lambda self, sec, n, rows, emitted, *a, **k: seen.append((n, rows, emitted))
+                  or observe(self, sec, n, rows, emitted, *a, **k))
+        tick = BudgetControl.quiet_tick
+        m.setattr(BudgetControl, "quiet_tick", lambda self, *a: ticks.append(tick(self, *a)) or ticks[-1])
+        return _quiet_run(quiet, 80, seeds, m, paused=paused, timed=True), seen, ticks
+
+    with monkeypatch.context() as m:
+        (plain, plain_seen, _) = run(False, m)
+    quiet, seen, ticks = run(True, monkeypatch)
+    assert quiet[:3] == plain[:3] and seen == plain_seen
+    assert len(seen) == 80 and quiet[2][-2] == 80                   # every step observed once
+    assert ticks.count(QuietTick.DONE) >= (40 if seeds == (None, None) else 5)
+    assert QuietTick.OBSERVED in ticks                              # a verdict changed mid-stretch
 
 
 def test_quiet_stretches_skip_the_per_step_work(monkeypatch):

@@ -9,7 +9,8 @@ measured step times and from the depths each verified tree reached and accepted.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Sequence
 
 import numpy as np
@@ -31,7 +32,7 @@ from vllm.logger import init_logger
 
 logger = init_logger(f"vllm.{__name__}")
 
-__all__ = ["BudgetControl"]
+__all__ = ["BudgetControl", "QuietTick"]
 
 
 class BudgetControl:
@@ -238,11 +239,64 @@ class BudgetControl:
         quiet.done += 1
         return True
 
+    def quiet_tick(self, scheduler_output: Any, started_at: float | None, req_ids: Sequence[str],
+                   sampled_token_ids: Sequence[Sequence[int]]) -> QuietTick:
+        """The whole of a quiet stretch's step (`_quiet_stretch`) when it certainly is one:
+        `observe_step` and `quiet_step` in one, with the step's cost and worker-step time kept
+        for the stretch's end (`_replay_quiet_observations`: the same calls in the same order,
+        run hot). The guard is fed at once: its verdict decides whether the step may draft.
+        Why: in an idle step each function the proposer touches costs microseconds with the
+        caches cold from the forward pass, and this is one (`req_ids`: the runner's live list,
+        not a copy). DONE: the step is over, nobody drafts; OBSERVED: the step was observed
+        but the guard's verdict changed, so the full path decides it (without `observe_step`);
+        NOT_TAKEN: nothing was done."""
+        quiet = self._quiet
+        if quiet is None or quiet.steps <= 0 or started_at is None or self._verified is not None \
+                or self._shadows or self._tensor_parallel or quiet.req_ids != req_ids:
+            return QuietTick.NOT_TAKEN
+        n = len(req_ids)
+        if scheduler_output.scheduled_spec_decode_tokens or len(scheduler_output.num_scheduled_tokens) != n \
+                or total_scheduled_tokens(scheduler_output) != n or not all(sampled_token_ids[:n]):
+            return QuietTick.NOT_TAKEN
+        now = time.perf_counter()
+        last, self._last_step_at = self._last_step_at, now
+        seconds = now - started_at
+        guard = self.guard
+        if guard is not None:
+            self._guard_step(now - last if last is not None else None, n, [])
+        if self.gain is not None:
+            period = now - self.last_propose_end if self.last_propose_end is not None else seconds
+            quiet.observed.append((period if period < 20 * seconds else seconds, n, seconds))
+        if guard is not None and guard.allows != quiet.allows:
+            # (the worker-step time is observed by the caller's full path, as every full step's)
+            self._replay_quiet_observations(last_step_time=False)
+            return QuietTick.OBSERVED
+        quiet.steps -= 1
+        quiet.done += 1
+        self.draft_seconds = 0.0
+        self.last_propose_end = time.perf_counter()
+        return QuietTick.DONE
+
+    def _replay_quiet_observations(self, last_step_time: bool = True) -> None:
+        """What `quiet_tick` kept: each step's cost for budget.gain (a decode step of one row per
+        request, nothing drafted or verified) and its worker-step time for the statistics, as
+        `observe_step` and the proposer would have observed them, in order (`last_step_time`
+        False: the last step's time is left to the caller)."""
+        quiet = self._quiet
+        if quiet is None or not quiet.observed:
+            return
+        observed, quiet.observed = quiet.observed, []
+        for i, (period, n, seconds) in enumerate(observed):
+            self.gain.observe_step(period, n, 0, n)
+            if last_step_time or i < len(observed) - 1:
+                self.stats.observe_step(seconds)
+
     def end_quiet(self, requests: RequestTable) -> None:
         """Make the skipped steps' decisions and counts (the same `begin_step` and
         `decide_without_cap` calls, in order, that each step's `caps` would have made; the
         requests the guard's pause kept out are not decided) and forget the stretch. Called
         before anything reads or changes the requests' gain state."""
+        self._replay_quiet_observations()
         quiet, self._quiet = self._quiet, None
         if quiet is None or not quiet.done:
             return
@@ -462,6 +516,7 @@ class BudgetControl:
         """Tell the budget policy what the step that just ran cost and how much it accepted:
         target seconds from `_prepare_inputs` (`started_at`) to here (forward + verification),
         the previous drafting time, and per verified tree its budget, accepted and drafted nodes."""
+        self._replay_quiet_observations()
         now = time.perf_counter()
         last, self._last_step_at = self._last_step_at, now
         if started_at is None:
@@ -514,6 +569,13 @@ class BudgetControl:
             self.stats.observe_guard(verdict.ratio if verdict is not None else None, guard.allows)
 
 
+class QuietTick(Enum):
+    """What `BudgetControl.quiet_tick` did with a step."""
+    NOT_TAKEN = 0       # nothing: the caller observes and decides the step in full
+    OBSERVED = 1        # observed; the guard's verdict changed, so the caller decides it in full
+    DONE = 2            # a step of the quiet stretch: observed, nobody drafts
+
+
 @dataclass
 class _QuietStretch:
     """Steps in which no request of an unchanged batch can draft: budget.gain settles each
@@ -525,6 +587,9 @@ class _QuietStretch:
     chosen: int                 # the fixed policy's node budget (counted per step)
     allows: bool                # the guard's verdict the stretch holds under (True without a guard)
     done: int = 0               # steps skipped so far, decided and counted by `end_quiet`
+    # per step `quiet_tick` took: (its period for budget.gain's cost, decoding requests, its
+    # worker-step seconds), observed by `_replay_quiet_observations`
+    observed: list[tuple[float, int, float]] = field(default_factory=list)
 
 
 def _broadcast_from_first_rank(value: int) -> int:

@@ -27,7 +27,7 @@ from vllm_treespec.config import TreespecConfig, from_additional_config
 from vllm_treespec.drafters import DraftInputs, Proposal, make_drafter
 from vllm_treespec.drafters.base import TargetStates
 from vllm_treespec.engine import runner_state
-from vllm_treespec.engine.budget_control import BudgetControl
+from vllm_treespec.engine.budget_control import BudgetControl, QuietTick
 from vllm_treespec.engine.committed_rows import CommittedRows
 from vllm_treespec.engine.metrics import make_metrics
 from vllm_treespec.engine.plain_sampling import sample_plain_step
@@ -116,7 +116,16 @@ class TreeProposer:
     def propose_step(self, runner: Any, scheduler_output: Any, sampled_token_ids: list[list[int]],
                      hidden_states: Any = None, aux_hidden_states: Any = None) -> list[list[int]]:
         """Drafts for every request in the runner's batch (the patched runner calls this)."""
-        self.budget.observe_step(scheduler_output, self.step_started_at)
+        live_ids = runner_state.batch_req_ids(runner)
+        tick = self.budget.quiet_tick(scheduler_output, self.step_started_at, live_ids, sampled_token_ids)
+        if tick is QuietTick.DONE:
+            # a step of a quiet stretch (engine/budget_control.py): nobody drafts, and its
+            # observations and decisions are made when the stretch ends
+            self.drafted = False
+            self.step_started_at = None
+            return [[] for _ in live_ids]
+        if tick is QuietTick.NOT_TAKEN:
+            self.budget.observe_step(scheduler_output, self.step_started_at)
         req_ids, token_ids, num_tokens = runner_state.batch_tokens(runner)
         scheduled = int(scheduler_output.num_spec_tokens_to_schedule) or self.num_speculative_tokens
         target = None

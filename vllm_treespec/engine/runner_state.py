@@ -39,6 +39,11 @@ def batch_tokens(runner: Any) -> tuple[list[str], np.ndarray, np.ndarray]:
     return list(batch.req_ids), batch.token_ids_cpu, batch.num_tokens_no_spec
 
 
+def batch_req_ids(runner: Any) -> list[str]:
+    """The runner's own list of request ids in row order (not a copy: read it, do not keep it)."""
+    return runner.input_batch.req_ids
+
+
 def num_computed_tokens(runner: Any) -> np.ndarray:
     """int32 [max_num_reqs]: tokens each batch row has in the KV cache before this step."""
     return runner.input_batch.num_computed_tokens_cpu
