@@ -116,7 +116,7 @@ class TreeProposer:
     def propose_step(self, runner: Any, scheduler_output: Any, sampled_token_ids: list[list[int]],
                      hidden_states: Any = None, aux_hidden_states: Any = None) -> list[list[int]]:
         """Drafts for every request in the runner's batch (the patched runner calls this)."""
-        live_ids = runner_state.batch_req_ids(runner)
+        live_ids = runner_state.live_req_ids(runner)
         tick = self.budget.quiet_tick(scheduler_output, self.step_started_at, live_ids, sampled_token_ids)
         if tick is QuietTick.DONE:
             # a step of a quiet stretch (engine/budget_control.py): nobody drafts, and its

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-__all__ = ["batch_req_ids", "batch_tokens", "device_kv", "discarded_rows", "dummy_forward", "finished_outputs",
+__all__ = ["batch_req_ids", "batch_tokens", "live_req_ids", "device_kv", "discarded_rows", "dummy_forward", "finished_outputs",
            "kv_caches_and_layout", "layer_kv_caches", "num_computed_tokens", "request_limits",
            "request_params", "request_progress", "request_sampling", "request_temperature", "runner_device",
            "runner_drafter", "step_batch", "step_positions", "step_query_start", "step_slot_mapping", "total_scheduled_tokens"]
@@ -39,7 +39,7 @@ def batch_tokens(runner: Any) -> tuple[list[str], np.ndarray, np.ndarray]:
     return list(batch.req_ids), batch.token_ids_cpu, batch.num_tokens_no_spec
 
 
-def batch_req_ids(runner: Any) -> list[str]:
+def live_req_ids(runner: Any) -> list[str]:
     """The runner's own list of request ids in row order (not a copy: read it, do not keep it)."""
     return runner.input_batch.req_ids
 
