@@ -27,6 +27,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -147,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--output", type=Path, default=None)
+    ap.add_argument("--metrics", action="store_true",
+                    help="keep the proposer's Prometheus series as a server does (a temporary "
+                         "PROMETHEUS_MULTIPROC_DIR per engine); without it they are off, as offline")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ns = ap.parse_args(argv)
     if ns.child is not None:
@@ -161,9 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict[str, Any]]] = {spec: [] for spec in ns.configs}
     for r in range(ns.rounds):
         for spec in ns.configs:
-            out = subprocess.run([sys.executable, __file__, "--child", spec, "--temperature", str(ns.temperature),
-                                  "--num-prompts", str(ns.num_prompts), "--max-tokens", str(ns.max_tokens)],
-                                 capture_output=True, text=True, check=False)
+            with tempfile.TemporaryDirectory(prefix="profile_sample_call_metrics_") as metrics_dir:
+                env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir} if ns.metrics else None
+                out = subprocess.run([sys.executable, __file__, "--child", spec, "--temperature",
+                                      str(ns.temperature), "--num-prompts", str(ns.num_prompts),
+                                      "--max-tokens", str(ns.max_tokens)],
+                                     capture_output=True, text=True, check=False, env=env)
             if out.returncode != 0:
                 sys.stderr.write(out.stderr[-4000:])
                 raise SystemExit(f"{spec}: the engine process failed (rc {out.returncode})")
