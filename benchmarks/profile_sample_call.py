@@ -7,9 +7,10 @@ worker's sample call, nowhere else measurable (docs/never-slower.md section 4,
 `bench_matrix.py`'s step parts). That clock says how much, not where: this says where.
 
 Method. Each (config, round) is one child process with an in-process engine (engine core and
-worker in the process, bf16 as served, eager), which runs the prompts one at a time (one client)
-after a warm-up. The pieces are timed by wrapping their functions with a perf_counter pair (about
-0.3 us per call on the 2-core VM, so a piece of a few calls per step reads ~1 us high). Configs
+worker in the process, bf16 as served, eager), which runs the prompts one at a time (one client;
+`--batch N`: N at a time) after a warm-up. The pieces are timed by wrapping their functions with
+a perf_counter pair (about 0.3 us per call on the 2-core VM, so a piece of a few calls per step
+reads ~1 us high). Configs
 take turns round by round, so the VM's drift hits each alike; the table shows each piece's median
 over rounds. A config spec is a `bench_paired.py` spec; `SPEC@no-quiet` runs it with budget.gain's
 quiet stretches turned off (engine/budget_control.py), `SPEC@no-tick` with their steps taken
@@ -39,7 +40,9 @@ NO_TICK = "@no-tick"
 
 # (what the table calls it, module, class or None, function); timed where it is looked up
 PIECES: tuple[tuple[str, str, str | None, str], ...] = (
-    ("model forward", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_model_forward"),
+    ("execute call", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "execute_model"),
+    ("  input preparation", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_prepare_inputs"),
+    ("  model forward", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_model_forward"),
     ("sample call", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "sample_tokens"),
     ("  vLLM sampler", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_sample"),
     ("  bookkeeping", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_bookkeeping_sync"),
@@ -78,7 +81,7 @@ def _wrap(totals: dict[str, list], label: str, owner: Any, name: str) -> None:
     setattr(owner, name, timed)
 
 
-def _child(spec: str, temperature: float, num_prompts: int, max_tokens: int) -> dict[str, Any]:
+def _child(spec: str, temperature: float, num_prompts: int, max_tokens: int, batch: int = 1) -> dict[str, Any]:
     """One engine, one pass over the prompts: per piece (calls, seconds), and the steps."""
     import importlib
 
@@ -106,14 +109,15 @@ def _child(spec: str, temperature: float, num_prompts: int, max_tokens: int) -> 
         except ImportError:
             continue
         _wrap(totals, label, getattr(owner, cls) if cls else owner, name)
-    prompts = paired_prompts(num_prompts + 2, unseen=True)
+    prompts = paired_prompts(num_prompts + batch + 1, unseen=True)
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True)
-    llm.generate(prompts[:2], params, use_tqdm=False)               # warm-up
+    llm.generate(prompts[:batch + 1], params, use_tqdm=False)       # warm-up
     for entry in totals.values():
         entry[0], entry[1] = 0, 0.0
     start = time.perf_counter()
-    for prompt in prompts[2:]:
-        llm.generate([prompt], params, use_tqdm=False)
+    todo = prompts[batch + 1:]
+    for i in range(0, len(todo), batch):                             # `batch` requests decoding together
+        llm.generate(todo[i:i + batch], params, use_tqdm=False)
     return {"wall_s": time.perf_counter() - start, "steps": totals["sample call"][0],
             "pieces": {label: {"calls": n, "seconds": s} for label, (n, s) in totals.items()}}
 
@@ -147,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-prompts", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=1,
+                    help="prompts generated together (a batch of that many decoding requests); 1: one client")
     ap.add_argument("--output", type=Path, default=None)
     ap.add_argument("--metrics", action="store_true",
                     help="keep the proposer's Prometheus series as a server does (a temporary "
@@ -154,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ns = ap.parse_args(argv)
     if ns.child is not None:
-        print(json.dumps(_child(ns.child, ns.temperature, ns.num_prompts, ns.max_tokens)))
+        print(json.dumps(_child(ns.child, ns.temperature, ns.num_prompts, ns.max_tokens, ns.batch)))
         return 0
 
     from bench_paired import check_spec
@@ -169,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                 env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir} if ns.metrics else None
                 out = subprocess.run([sys.executable, __file__, "--child", spec, "--temperature",
                                       str(ns.temperature), "--num-prompts", str(ns.num_prompts),
-                                      "--max-tokens", str(ns.max_tokens)],
+                                      "--max-tokens", str(ns.max_tokens), "--batch", str(ns.batch)],
                                      capture_output=True, text=True, check=False, env=env)
             if out.returncode != 0:
                 sys.stderr.write(out.stderr[-4000:])
