@@ -61,7 +61,7 @@ class BudgetControl:
         # budget.gain.guard: drafting paused while measured slower than no drafts (budget/guard.py)
         self.guard = SpeculationGuard() if gain.enabled and gain.guard else None
         self._last_step_at: float | None = None       # when the last step was observed (the guard's period)
-        self._guard_unseen = True      # the guard's gauges not yet written
+        self._guard_shown: tuple[float | None, bool] | None = None   # what the guard's gauges show
         # budget.gain.confidence: greedy requests draft first and keep what their drafter's
         # calibrated ratings say pays (budget/confidence.py). Any drafter: greedy trees are never
         # drawn from a drafter's q (only sampled requests' are), so no q rows are cut with them
@@ -223,20 +223,21 @@ class BudgetControl:
         allows = self.guard is None or self.guard.allows
         return _QuietStretch(list(req_ids), members, settled, steps, chosen, allows)
 
-    def quiet_step(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]]) -> bool:
-        """Whether this step is one of the quiet stretch (`_quiet_stretch`): the same batch, every
-        request decoding, the guard's verdict unchanged. Then nobody drafts and the caller
-        returns no drafts at once; a False sends it down the full path (`caps`), which ends the
-        stretch first."""
+    def _continues_stretch(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]]) -> bool:
+        """Whether this step may be one of the quiet stretch (`_quiet_stretch`): steps left, the
+        same batch, every request decoding, no shadow probe waiting."""
         quiet = self._quiet
-        if quiet is None or quiet.steps <= 0 or quiet.req_ids != req_ids or self._shadows:
+        return (quiet is not None and quiet.steps > 0 and not self._shadows and quiet.req_ids == req_ids
+                and all(sampled_token_ids[:len(req_ids)]))
+
+    def quiet_step(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]]) -> bool:
+        """Whether this step is one of the quiet stretch (`_continues_stretch`, the guard's verdict
+        unchanged). Then nobody drafts and the caller returns no drafts at once; a False sends it
+        down the full path (`caps`), which ends the stretch first."""
+        if not self._continues_stretch(req_ids, sampled_token_ids) \
+                or (self.guard is not None and self.guard.allows != self._quiet.allows):
             return False
-        if self.guard is not None and self.guard.allows != quiet.allows:
-            return False
-        if not all(sampled_token_ids[:len(req_ids)]):
-            return False
-        quiet.steps -= 1
-        quiet.done += 1
+        self._quiet.take_step()
         return True
 
     def quiet_tick(self, scheduler_output: Any, started_at: float | None, req_ids: Sequence[str],
@@ -250,46 +251,42 @@ class BudgetControl:
         not a copy). DONE: the step is over, nobody drafts; OBSERVED: the step was observed
         but the guard's verdict changed, so the full path decides it (without `observe_step`);
         NOT_TAKEN: nothing was done."""
-        quiet = self._quiet
-        if quiet is None or quiet.steps <= 0 or started_at is None or self._verified is not None \
-                or self._shadows or self._tensor_parallel or quiet.req_ids != req_ids:
+        if started_at is None or self._verified is not None or self._tensor_parallel \
+                or not self._continues_stretch(req_ids, sampled_token_ids):
             return QuietTick.NOT_TAKEN
         n = len(req_ids)
         if scheduler_output.scheduled_spec_decode_tokens or len(scheduler_output.num_scheduled_tokens) != n \
-                or total_scheduled_tokens(scheduler_output) != n or not all(sampled_token_ids[:n]):
-            return QuietTick.NOT_TAKEN
+                or total_scheduled_tokens(scheduler_output) != n:
+            return QuietTick.NOT_TAKEN       # (not a pure decode step of this batch)
+        quiet = self._quiet
         now = time.perf_counter()
         last, self._last_step_at = self._last_step_at, now
         seconds = now - started_at
         guard = self.guard
         if guard is not None:
             self._guard_step(now - last if last is not None else None, n, [])
-        if self.gain is not None:
-            period = now - self.last_propose_end if self.last_propose_end is not None else seconds
-            quiet.observed.append((period if period < 20 * seconds else seconds, n, seconds))
-        if guard is not None and guard.allows != quiet.allows:
-            # (the worker-step time is observed by the caller's full path, as every full step's)
-            self._replay_quiet_observations(last_step_time=False)
-            return QuietTick.OBSERVED
-        quiet.steps -= 1
-        quiet.done += 1
+            if guard.allows != quiet.allows:
+                # observed as `observe_step` would (the worker-step time by the caller's full path)
+                self._replay_quiet_observations()
+                self.gain.observe_step(self._gain_period(now, seconds), n, 0, n)
+                return QuietTick.OBSERVED
+        quiet.observed.append((self._gain_period(now, seconds), n, seconds))
+        quiet.take_step()
         self.draft_seconds = 0.0
         self.last_propose_end = time.perf_counter()
         return QuietTick.DONE
 
-    def _replay_quiet_observations(self, last_step_time: bool = True) -> None:
+    def _replay_quiet_observations(self) -> None:
         """What `quiet_tick` kept: each step's cost for budget.gain (a decode step of one row per
         request, nothing drafted or verified) and its worker-step time for the statistics, as
-        `observe_step` and the proposer would have observed them, in order (`last_step_time`
-        False: the last step's time is left to the caller)."""
+        `observe_step` and the proposer would have observed them, in order."""
         quiet = self._quiet
         if quiet is None or not quiet.observed:
             return
         observed, quiet.observed = quiet.observed, []
-        for i, (period, n, seconds) in enumerate(observed):
+        for period, n, seconds in observed:
             self.gain.observe_step(period, n, 0, n)
-            if last_step_time or i < len(observed) - 1:
-                self.stats.observe_step(seconds)
+            self.stats.observe_step(seconds)
 
     def end_quiet(self, requests: RequestTable) -> None:
         """Make the skipped steps' decisions and counts (the same `begin_step` and
@@ -535,24 +532,28 @@ class BudgetControl:
             if self.guard is not None:
                 self._guard_step(now - last if last is not None and decode else None, num_reqs, accepted)
             if decode:
-                # priced by the step's whole period, drafting excluded (counted apart): the engine
-                # core's scheduling and output handling between worker steps is part of what every
-                # step costs (vLLM runs custom proposers, and every server on CPU, without async
-                # scheduling)
-                period = now - self.last_propose_end if self.last_propose_end is not None else seconds
-                self.gain.observe_step(period if period < 20 * seconds else seconds, num_reqs, draft_rows,
+                self.gain.observe_step(self._gain_period(now, seconds), num_reqs, draft_rows,
                                        num_reqs + sum(accepted), drafting=sum(1 for b in budgets if b > 0),
                                        drafter_seconds=self.draft_seconds, overhead_seconds=self.spec_overhead)
         if query > 0 and self.policy.learns:
             self.policy.observe(query_tokens=query, step_seconds=seconds, budgets=budgets,
                                 accepted=accepted, drafted=drafted, drafter_seconds=self.draft_seconds)
 
+    def _gain_period(self, now: float, seconds: float) -> float:
+        """What budget.gain prices a decode step by: its whole period since the last drafts were
+        returned, drafting excluded (counted apart), since the engine core's scheduling and
+        output handling between worker steps is part of what every step costs (vLLM runs custom
+        proposers, and every server on CPU, without async scheduling); the step's own `seconds`
+        when there was no last drafting call or it lies far back (an idle gap)."""
+        period = now - self.last_propose_end if self.last_propose_end is not None else seconds
+        return period if period < 20 * seconds else seconds
+
     def _guard_step(self, period: float | None, num_reqs: int, accepted: list[int]) -> None:
         """Feed the guard one step: its whole period (drafting call to drafting call; None when
         not a pure decode step, which it does not count) and the tokens it emitted; log a
         verdict that changes drafting."""
         guard = self.guard
-        was, tests, allowed = guard.verdict, guard.tests, guard.allows
+        was, tests = guard.verdict, guard.tests
         guard.step(period, num_reqs + sum(accepted), num_reqs)
         if self._tensor_parallel:
             # the guard times each rank's own steps: rank 0's verdict holds on every rank, so all
@@ -563,10 +564,10 @@ class BudgetControl:
             logger.info("TreeProposer: drafting %s at %.1f decoding requests: drafted steps emitted "
                         "%.2fx the tokens per second of paused ones (budget.gain.guard)",
                         "allowed" if verdict.allows else "paused", verdict.batch, verdict.ratio)
-        if guard.tests != tests or guard.allows != allowed or self._guard_unseen:
-            # (on change only: the gauges hold their last value)
-            self._guard_unseen = False
-            self.stats.observe_guard(verdict.ratio if verdict is not None else None, guard.allows)
+        shown = (verdict.ratio if verdict is not None else None, guard.allows)
+        if shown != self._guard_shown:       # (on change only: the gauges hold their last value)
+            self._guard_shown = shown
+            self.stats.observe_guard(*shown)
 
 
 class QuietTick(Enum):
@@ -590,6 +591,11 @@ class _QuietStretch:
     # per step `quiet_tick` took: (its period for budget.gain's cost, decoding requests, its
     # worker-step seconds), observed by `_replay_quiet_observations`
     observed: list[tuple[float, int, float]] = field(default_factory=list)
+
+    def take_step(self) -> None:
+        """One more step skipped."""
+        self.steps -= 1
+        self.done += 1
 
 
 def _broadcast_from_first_rank(value: int) -> int:
