@@ -518,6 +518,54 @@ def test_a_class_prices_depths_its_drafts_never_reached_like_the_deepest_it_did(
     assert classes.rates("T0.7")[1] > r[1]
 
 
+def _random_settled(g, rng, n):
+    """n (record, seeded_sampled) pairs in states `decide_without_cap` settles: sitting out or
+    stopped, with random waits and intervals."""
+    out = []
+    for _ in range(n):
+        r = g.new_record()
+        seeded = bool(rng.random() < 0.3)
+        if rng.random() < 0.3:
+            r.held_for = int(rng.integers(1, 40))
+        else:
+            r.interval = int(rng.choice([4, 8, 16, 32]))
+            r.waited = int(rng.integers(0, r.interval))
+        out.append((r, seeded))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_quiet_stretch_is_settled_at_once_as_step_by_step(seed):
+    """GainControl.settle_quiet_steps (a quiet stretch's catch-up, one update per request)
+    leaves every request, the step clock and the counts as the `begin_step` and
+    `decide_without_cap` calls of each step would, calibration steps included, for stretches
+    as long as `quiet_steps` allows; past that (a probe step within the range, not due) it
+    makes the calls themselves, still equal."""
+    import copy
+
+    rng = np.random.default_rng(seed)
+    for trial in range(40):
+        g = GainControl(8, probe_every=4, max_probe_every=32, calibrate_every=8)
+        for _ in range(int(rng.integers(0, 50))):
+            g.begin_step()
+        settled = _random_settled(g, rng, int(rng.integers(0, 6)))
+        allowed = min([g.quiet_steps(r, s) for r, s in settled], default=20)
+        if trial % 4 == 3:      # unseeded stopped requests whose probe step is in range but not due
+            while g._step % 8 != 7:
+                g.begin_step()
+            for r, s in settled:
+                r.held_for, r.waited, r.interval = 0, 0, 8
+            settled = [(r, False) for r, s in settled]
+            allowed = 8
+        steps = int(rng.integers(0, allowed + 1))
+        at_once, by_step = copy.deepcopy((g, settled)), copy.deepcopy((g, settled))
+        got = at_once[0].settle_quiet_steps(at_once[1], steps)
+        want = by_step[0]._settle_quiet_steps_one_by_one(by_step[1], steps)
+        assert got == want
+        assert at_once[0]._step == by_step[0]._step and at_once[0].calibrating == by_step[0].calibrating
+        assert [(r.held_for, r.waited) for r, _ in at_once[1]] == [(r.held_for, r.waited) for r, _ in by_step[1]]
+
+
 def test_quiet_steps_count_the_steps_a_request_is_certainly_settled():
     """GainControl.quiet_steps is what a caller may skip (engine/budget_control.py): sitting
     out, a held request's remaining steps; stopped, the steps before its probe could be due;

@@ -538,6 +538,70 @@ class GainControl:
             return max(interval - record.waited - 1, 0)
         return interval - self._step % interval - 1   # due no sooner than the next multiple
 
+    def settle_quiet_steps(self, settled: Sequence[tuple[GainRecord, bool]], steps: int
+                           ) -> tuple[dict[str, int], int]:
+        """`steps` steps of a quiet stretch at once (engine/budget_control.py): the `begin_step`
+        and, per (record, seeded_sampled) in `settled`, the `decide_without_cap` calls each of
+        them would have made. Returns their decisions counted by kind (`decision_kind`) and how
+        many of the steps calibrated. Each request's state moves as those calls would move it (a
+        held request's `held_for` down, a stopped one's `waited` up, by the steps that count for
+        it), one update per request instead of one per step and request: at 32 clients the
+        stretch's catch-up was a sixth of the proposer's time. Exact while no request leaves its
+        state within the steps, which `quiet_steps` promises; if one would, the calls run."""
+        start, every = self._step, self.calibrate_every
+        calibration = sum(1 for s in range(start + 1, start + steps + 1) if s % every == every - 1) \
+            if every > 0 else 0
+        if not all(self._stays_settled(record, seeded, start, steps, calibration) for record, seeded in settled):
+            return self._settle_quiet_steps_one_by_one(settled, steps)
+        for _ in range(steps):
+            self.begin_step()
+        counts = dict.fromkeys(("stopped", "held", "calibration"), 0)
+        for record, seeded in settled:
+            if seeded:
+                counted = steps         # a seeded request does not sit calibration steps out
+                if record.held_for == 0:
+                    counts["calibration"] += calibration     # (NO_DRAFT in a calibration step)
+                    counts["stopped"] += steps - calibration
+                    record.waited += steps
+                    continue
+            else:
+                counted = steps - calibration
+                counts["calibration"] += calibration
+            if record.held_for > 0:
+                record.held_for -= counted
+                counts["held"] += counted
+            else:
+                record.waited += counted
+                counts["stopped"] += counted
+        return {kind: n for kind, n in counts.items() if n}, calibration
+
+    def _stays_settled(self, record: GainRecord, seeded_sampled: bool, start: int, steps: int,
+                       calibration: int) -> bool:
+        """Whether `decide_without_cap` settles the request in each of the `steps` steps after
+        step `start` the same way (sitting out, or stopped with its probe not due)."""
+        counted = steps if seeded_sampled else steps - calibration
+        if record.held_for > 0:
+            return record.held_for >= counted
+        if record.waited is None or record.probed:
+            return False
+        interval = record.interval if record.interval is not None else self.probe_every
+        if seeded_sampled:
+            return record.waited + counted < interval
+        return start % interval + steps < interval       # no step of the range is a probe step
+
+    def _settle_quiet_steps_one_by_one(self, settled: Sequence[tuple[GainRecord, bool]], steps: int
+                                       ) -> tuple[dict[str, int], int]:
+        """`settle_quiet_steps` by the calls themselves, in order."""
+        counts: dict[str, int] = {}
+        calibration = 0
+        for _ in range(steps):
+            self.begin_step()
+            calibration += self.calibrating
+            for record, seeded in settled:
+                kind = decision_kind(self.decide_without_cap(record, seeded), self.calibrating)
+                counts[kind] = counts.get(kind, 0) + 1
+        return counts, calibration
+
     def decide_rated(self, records: Sequence[GainRecord], worth: np.ndarray, depths: np.ndarray,
                      offsets: np.ndarray, costs: GainCosts) -> list[GainDecision]:
         """Confidence mode (budget/confidence.py), greedy requests, one step: each request has

@@ -289,23 +289,17 @@ class BudgetControl:
             self.stats.observe_step(seconds)
 
     def end_quiet(self, requests: RequestTable) -> None:
-        """Make the skipped steps' decisions and counts (the same `begin_step` and
-        `decide_without_cap` calls, in order, that each step's `caps` would have made; the
-        requests the guard's pause kept out are not decided) and forget the stretch. Called
+        """Make the skipped steps' decisions and counts (what the `begin_step` and
+        `decide_without_cap` calls each step's `caps` would have made come to,
+        `GainControl.settle_quiet_steps`; the requests the guard's pause kept out are not
+        decided) and forget the stretch. Called
         before anything reads or changes the requests' gain state."""
         self._replay_quiet_observations()
         quiet, self._quiet = self._quiet, None
         if quiet is None or not quiet.done:
             return
-        gain = self.gain
-        counts: dict[str, int] = {}
-        calibration_steps = 0
-        for _ in range(quiet.done):
-            gain.begin_step()
-            calibration_steps += gain.calibrating
-            for st in quiet.settled:
-                kind = decision_kind(gain.decide_without_cap(st.gain, st.seeded_sampled), gain.calibrating)
-                counts[kind] = counts.get(kind, 0) + 1
+        counts, calibration_steps = self.gain.settle_quiet_steps(
+            [(st.gain, st.seeded_sampled) for st in quiet.settled], quiet.done)
         for st in quiet.members:
             st.steps += quiet.done
         self.stats.observe_quiet_steps(quiet.done, len(quiet.members), calibration_steps, quiet.chosen, counts,
