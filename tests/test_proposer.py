@@ -665,3 +665,50 @@ def test_rated_trees_calibrate_in_one_update_as_tree_by_tree():
                                   reference.observed(GREEDY_CLASS))
     np.testing.assert_allclose(p.budget.calibration.rates(GREEDY_CLASS), reference.rates(GREEDY_CLASS))
     assert all(p.requests[r].rated is None for r in rated)
+
+
+def _shadow_probes_waiting():
+    """A proposer with reach and gain rules and six requests whose 2-node shadow probes were
+    drafted when each had 1 token: even requests' rows go on with the probe's first token (the
+    walk needs the next), odd ones with another (settled at once)."""
+    from vllm_treespec.budget.shadow import ShadowProbe
+    from vllm_treespec.engine.proposer import TreeProposer
+    from vllm_treespec.tree.draft_tree import DraftTree
+
+    p = TreeProposer(_vllm_config(k=4, treespec={"preset": "prompt-lookup", "budget": {
+        "reach_floor": 0.05, "gain": {"enabled": True}}}))
+    ids = [f"r{i}" for i in range(6)]
+    rows = [[7, 1, 2, 3, 4][:2 + i % 3] if i % 2 == 0 else [7, 5, 6][:2 + i % 2] for i in range(6)]
+    for req_id in ids:
+        st = p.requests.state(req_id)
+        st.gain_record(p.budget.gain).waited = 0
+        st.reach_record(p.budget.reach)
+        st.shadow = ShadowProbe(DraftTree.chain(7, [1, 2]), 1)
+        p.budget._shadows.add(req_id)
+    return p, ids, _runner(rows, ids), [len(r) for r in rows]
+
+
+def test_shadow_probes_settled_together_learn_as_one_by_one(monkeypatch):
+    """Shadow probes that settle in one step (a class's probes are due on the same steps) are
+    observed in one update, which leaves every request's reach and gain records as observing
+    them one at a time would, and computes the pooled reach statistics once, not once per probe
+    (at 32 clients that was a pass over every live request per probe)."""
+    from vllm_treespec.engine.budget_control import BudgetControl
+
+    reference, ids, runner, lengths = _shadow_probes_waiting()
+    for i, req_id in enumerate(ids):                    # one at a time, as before
+        st = reference.requests[req_id]
+        settled = st.shadow.settle(runner.input_batch.token_ids_cpu[i, 1:lengths[i]].tolist())
+        if settled is not None:
+            reference.budget._observe_depths(reference.requests, [st], [settled[0]], [settled[1]])
+    p, *_ = _shadow_probes_waiting()
+    calls = []
+    original = BudgetControl.reach_means
+    monkeypatch.setattr(BudgetControl, "reach_means", lambda self, r: calls.append(1) or original(self, r))
+    p.budget.settle_shadow_probes(p.requests, ids, runner.input_batch.token_ids_cpu, lengths)
+    assert len(calls) == 1 and p.budget._shadows == {"r0"}      # r0 has only the first token
+    for req_id in ids:
+        got, want = p.requests[req_id], reference.requests[req_id]
+        assert np.array_equal(got.reach.reached, want.reach.reached) and got.reach.cap == want.reach.cap
+        assert np.array_equal(got.gain.acceptance.accepted, want.gain.acceptance.accepted)
+        assert (got.gain.interval, got.gain.probed) == (want.gain.interval, want.gain.probed)

@@ -409,11 +409,14 @@ class BudgetControl:
     def settle_shadow_probes(self, requests: RequestTable, req_ids: Sequence[str], token_ids: Any,
                              lengths: Sequence[int]) -> None:
         """Walk each waiting shadow probe with the tokens its request produced since it was
-        drafted; one decided is observed as a verified tree of that request would be."""
+        drafted; those decided are observed as verified trees of their requests would be, all in
+        one update (probes of a class are due on the same steps: at 32 clients one update per
+        probe recomputed the pooled reach statistics once per probe)."""
         if not self._shadows:
             return
         assert self.gain is not None
         where = {req_id: i for i, req_id in enumerate(req_ids)}
+        states, depths, accepted_lengths = [], [], []
         for req_id in list(self._shadows):
             st = requests.get(req_id)
             probe = st.shadow if st is not None else None
@@ -429,8 +432,12 @@ class BudgetControl:
             depth, accepted = settled
             st.shadow = None
             self._shadows.discard(req_id)
-            self._observe_depths(requests, [st], [depth], [accepted])
+            states.append(st)
+            depths.append(depth)
+            accepted_lengths.append(accepted)
             self.stats.observe_shadow_probe(accepted)
+        if states:
+            self._observe_depths(requests, states, depths, accepted_lengths)
 
     def _output_room(self, runner: Any, req_id: str, num_tokens: int) -> int:
         """Drafts the request can still emit: max_tokens minus its output so far, minus the token
