@@ -4,7 +4,8 @@
 every call of a few step parts to `path` (forward_clock_site/sitecustomize.py): the model
 forward (the yardstick of drift correction), the worker's execute and sample calls, the engine
 core's scheduling, output update, whole step and post-step, and the API server's output
-processing. `read_clock(path)` returns the forward's sums so far, `read_slots(path)` every
+processing, and within the worker's sample call the plugin's drafting call, vLLM's sampler and
+its bookkeeping. `read_clock(path)` returns the forward's sums so far, `read_slots(path)` every
 part's. A turn's seconds are the difference of two reads around it.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ SITE_DIR = Path(__file__).resolve().parent / "forward_clock_site"
 ENV_VAR = "TREESPEC_FORWARD_CLOCK"
 # the slots of sitecustomize._TARGETS, in its order
 SLOTS = ("forward", "worker_execute", "worker_sample", "schedule", "update_from_output",
-         "engine_step", "post_step", "frontend_outputs")
+         "engine_step", "post_step", "frontend_outputs", "proposer_step", "vllm_sample", "bookkeeping")
 _SLOT_BYTES = 16
 
 

@@ -10,7 +10,10 @@ is the yardstick that cancels it (slot 0, `bench_paired`'s drift correction, ser
 slots say in which process and part a config's extra time per token goes.
 
 The wrapped methods are the callers of what the plugin patches (the worker's `execute_model`
-calls the runner's), so the plugin's own work is inside them. Slots must match
+calls the runner's), so the plugin's own work is inside them. Inside the worker's sample call
+three more say where its time goes: the plugin's drafting call (`TreeProposer.propose_step`, looked
+up at each call, so the clock sees it), and vLLM's own sampler (`_sample`: wrapped on import,
+under the plugin's patch, so only vLLM's sampling is timed) and bookkeeping. Slots must match
 `harness.forward_clock.SLOTS`. Does nothing when the variable is unset, and never lets a clock
 failure reach the server.
 """
@@ -25,11 +28,13 @@ _PATH = os.environ.get("TREESPEC_FORWARD_CLOCK")
 _SLOT_BYTES = 16
 # module -> [(class, method, slot)]; slot order is harness.forward_clock.SLOTS
 _TARGETS: dict[str, list[tuple[str, str, int]]] = {
-    "vllm.v1.worker.gpu_model_runner": [("GPUModelRunner", "_model_forward", 0)],
+    "vllm.v1.worker.gpu_model_runner": [("GPUModelRunner", "_model_forward", 0),
+                                        ("GPUModelRunner", "_sample", 9), ("GPUModelRunner", "_bookkeeping_sync", 10)],
     "vllm.v1.worker.gpu_worker": [("Worker", "execute_model", 1), ("Worker", "sample_tokens", 2)],
     "vllm.v1.core.sched.scheduler": [("Scheduler", "schedule", 3), ("Scheduler", "update_from_output", 4)],
     "vllm.v1.engine.core": [("EngineCoreProc", "_process_engine_step", 5), ("EngineCore", "post_step", 6)],
     "vllm.v1.engine.output_processor": [("OutputProcessor", "process_outputs", 7)],
+    "vllm_treespec.engine.proposer": [("TreeProposer", "propose_step", 8)],
 }
 _NUM_SLOTS = 1 + max(slot for targets in _TARGETS.values() for *_, slot in targets)
 _STATE: dict = {"pid": None, "map": None, "sums": None}
