@@ -14,7 +14,9 @@ reads ~1 us high). Configs
 take turns round by round, so the VM's drift hits each alike; the table shows each piece's median
 over rounds. A config spec is a `bench_paired.py` spec; `SPEC@no-quiet` runs it with budget.gain's
 quiet stretches turned off (engine/budget_control.py), `SPEC@no-tick` with their steps taken
-by the full path instead of `BudgetControl.quiet_tick`, for a before/after in one run.
+by the full path instead of `BudgetControl.quiet_tick`, `SPEC@one-by-one` with a stretch's
+catch-up made by one `decide_without_cap` call per step and request (as before
+`GainControl.settle_quiet_steps`), for a before/after in one run.
 
     .venv/bin/python benchmarks/profile_sample_call.py --configs off \
         benchmarks/configs/drafting-off.yaml:24 lookup-online:24@no-quiet lookup-online:24 \
@@ -37,6 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 NO_QUIET = "@no-quiet"
 NO_TICK = "@no-tick"
+ONE_BY_ONE = "@one-by-one"
+VARIANTS = (NO_QUIET, NO_TICK, ONE_BY_ONE)
 
 # (what the table calls it, module, class or None, function); timed where it is looked up
 PIECES: tuple[tuple[str, str, str | None, str], ...] = (
@@ -98,7 +102,11 @@ def _child(spec: str, temperature: float, num_prompts: int, max_tokens: int, bat
         BudgetControl._quiet_stretch = lambda self, *args: None
     elif spec.endswith(NO_TICK):
         BudgetControl.quiet_tick = lambda self, *args: QuietTick.NOT_TAKEN
-    spec = spec.removesuffix(NO_QUIET).removesuffix(NO_TICK)
+    elif spec.endswith(ONE_BY_ONE):
+        from vllm_treespec.budget.gain import GainControl
+
+        GainControl.settle_quiet_steps = GainControl._settle_quiet_steps_one_by_one
+    spec = _base_spec(spec)
     llm = LLM(model=str(build_fixture("code-lm")), enforce_eager=True, max_model_len=1024, seed=0,
               **resolved(engine_kwargs(spec)))
     # wrapped after the engine is built: over the plugin's runner patches, not under them
@@ -120,6 +128,13 @@ def _child(spec: str, temperature: float, num_prompts: int, max_tokens: int, bat
         llm.generate(todo[i:i + batch], params, use_tqdm=False)
     return {"wall_s": time.perf_counter() - start, "steps": totals["sample call"][0],
             "pieces": {label: {"calls": n, "seconds": s} for label, (n, s) in totals.items()}}
+
+
+def _base_spec(spec: str) -> str:
+    """The `bench_paired.py` spec of a config spec, its variant suffix removed."""
+    for variant in VARIANTS:
+        spec = spec.removesuffix(variant)
+    return spec
 
 
 def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
@@ -167,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     from harness.report import git_commit, hardware_info, software_info
 
     for spec in ns.configs:
-        check_spec(spec.removesuffix(NO_QUIET).removesuffix(NO_TICK))
+        check_spec(_base_spec(spec))
     runs: dict[str, list[dict[str, Any]]] = {spec: [] for spec in ns.configs}
     for r in range(ns.rounds):
         for spec in ns.configs:
