@@ -440,13 +440,16 @@ class GainControl:
         to revise the price (measured at 32 greedy clients: every rated draft declined)."""
         self._step += 1
         self._costs = None
-        # steps 31, 63, 95, ... (odd: never one of the unseeded probe steps, which are multiples
-        # of intervals that are powers of two times probe_every; never a request's first step)
-        self.calibrating = self.calibrate_every > 0 and \
-            self._step % self.calibrate_every == self.calibrate_every - 1
+        self.calibrating = self._calibrates(self._step)
         # steps 15, 47, 79, ... for the default 32 (odd too)
         self.exploring = self.calibrate_every >= 4 and \
             self._step % self.calibrate_every == self.calibrate_every // 2 - 1
+
+    def _calibrates(self, step: int) -> bool:
+        """Whether step `step` is a calibration step (`begin_step`): steps 31, 63, 95, ... for the
+        default 32 (odd: never one of the unseeded probe steps, which are multiples of intervals
+        that are powers of two times probe_every; never a request's first step)."""
+        return self.calibrate_every > 0 and step % self.calibrate_every == self.calibrate_every - 1
 
     def decide(self, record: GainRecord, cap: int, seeded_sampled: bool = False,
                costs: GainCosts | None = None, cls: str | None = None) -> GainDecision:
@@ -548,31 +551,24 @@ class GainControl:
         it), one update per request instead of one per step and request: at 32 clients the
         stretch's catch-up was a sixth of the proposer's time. Exact while no request leaves its
         state within the steps, which `quiet_steps` promises; if one would, the calls run."""
-        start, every = self._step, self.calibrate_every
-        calibration = sum(1 for s in range(start + 1, start + steps + 1) if s % every == every - 1) \
-            if every > 0 else 0
+        start = self._step
+        calibration = sum(self._calibrates(s) for s in range(start + 1, start + steps + 1))
         if not all(self._stays_settled(record, seeded, start, steps, calibration) for record, seeded in settled):
             return self._settle_quiet_steps_one_by_one(settled, steps)
         for _ in range(steps):
             self.begin_step()
         counts = dict.fromkeys(("stopped", "held", "calibration"), 0)
         for record, seeded in settled:
-            if seeded:
-                counted = steps         # a seeded request does not sit calibration steps out
-                if record.held_for == 0:
-                    counts["calibration"] += calibration     # (NO_DRAFT in a calibration step)
-                    counts["stopped"] += steps - calibration
-                    record.waited += steps
-                    continue
-            else:
-                counted = steps - calibration
-                counts["calibration"] += calibration
+            # a seeded request does not sit calibration steps out: they count for it too
+            counted = steps if seeded else steps - calibration
             if record.held_for > 0:
                 record.held_for -= counted
-                counts["held"] += counted
+                counts["held"] += counted                    # (SITTING_OUT in every step it counts)
+                counts["calibration"] += steps - counted
             else:
                 record.waited += counted
-                counts["stopped"] += counted
+                counts["stopped"] += steps - calibration     # (NO_DRAFT, counted as calibration
+                counts["calibration"] += calibration         # in a calibration step, seeded or not)
         return {kind: n for kind, n in counts.items() if n}, calibration
 
     def _stays_settled(self, record: GainRecord, seeded_sampled: bool, start: int, steps: int,
