@@ -2,9 +2,10 @@
 
 Why: at sampled loads the default drafts nothing, and what it still costs per step is the
 proposer's bookkeeping over every request in the batch (docs/never-slower.md section 4). This
-times `TreeProposer.propose_step` on a fake runner whose N requests are all stopped and waiting
-for their probe (the common sampled state), in-process and hot, so it isolates treespec's
-Python from vLLM and the model.
+times the proposer's part of each step on a fake runner whose N requests are all stopped and
+waiting for their probe (the common sampled state), as the runner patches call it (a step of a
+quiet stretch is `take_quiet_step`, any other `propose_step`), in-process and hot, so it
+isolates treespec's Python from vLLM and the model.
 
     .venv/bin/python benchmarks/bench_propose_step.py --requests 32 \
         --output benchmarks/results/bench_propose_step_c32.json
@@ -69,7 +70,11 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         for _ in range(ns.steps):
             proposer.step_started_at = time.perf_counter()
-            proposer.propose_step(runner, sched, sampled)
+            proposer.plain_step = True                          # (set by the `_prepare_inputs` patch)
+            if proposer.takes_quiet_step(runner, sched):        # as the `sample_tokens` patch does
+                proposer.take_quiet_step(sampled)
+            else:
+                proposer.propose_step(runner, sched, sampled)
         per_step.append(1e6 * (time.perf_counter() - start) / ns.steps)
     record = {"benchmark": "bench_propose_step", "hardware": hardware_info(), "software": software_info(),
               "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(ns).items()},

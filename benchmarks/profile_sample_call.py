@@ -13,10 +13,11 @@ a perf_counter pair (about 0.3 us per call on the 2-core VM, so a piece of a few
 reads ~1 us high). Configs
 take turns round by round, so the VM's drift hits each alike; the table shows each piece's median
 over rounds. A config spec is a `bench_paired.py` spec; `SPEC@no-quiet` runs it with budget.gain's
-quiet stretches turned off (engine/budget_control.py), `SPEC@no-tick` with their steps taken
-by the full path instead of `BudgetControl.quiet_tick`, `SPEC@one-by-one` with a stretch's
-catch-up made by one `decide_without_cap` call per step and request (as before
-`GainControl.settle_quiet_steps`), for a before/after in one run.
+quiet stretches turned off (engine/budget_control.py), `SPEC@no-tick` with their steps taken by
+vLLM's speculative sample call and the proposer's full path (which skips them by
+`BudgetControl.quiet_step`) instead of a plain sample call and `TreeProposer.take_quiet_step`,
+`SPEC@one-by-one` with a stretch's catch-up made by one `decide_without_cap` call per step and
+request (as before `GainControl.settle_quiet_steps`), for a before/after in one run.
 
     .venv/bin/python benchmarks/profile_sample_call.py --configs off \
         benchmarks/configs/drafting-off.yaml:24 lookup-online:24@no-quiet lookup-online:24 \
@@ -52,9 +53,10 @@ PIECES: tuple[tuple[str, str, str | None, str], ...] = (
     ("  bookkeeping", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_bookkeeping_sync"),
     ("  draft copy", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_copy_draft_token_ids_to_cpu"),
     ("  draft handoff", "vllm_treespec.engine.runner_patches", None, "attach_drafts"),
+    ("  quiet-step check", "vllm_treespec.engine.proposer", "TreeProposer", "takes_quiet_step"),
+    ("  quiet step", "vllm_treespec.engine.proposer", "TreeProposer", "take_quiet_step"),
     ("  drafting hook", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "propose_draft_token_ids"),
     ("    proposer step", "vllm_treespec.engine.proposer", "TreeProposer", "propose_step"),
-    ("      quiet tick", "vllm_treespec.engine.budget_control", "BudgetControl", "quiet_tick"),
     ("      step cost observation", "vllm_treespec.engine.budget_control", "BudgetControl", "observe_step"),
     ("        guard step", "vllm_treespec.engine.budget_control", "BudgetControl", "_guard_step"),
     ("        step cost fit", "vllm_treespec.budget.gain", "GainControl", "observe_step"),
@@ -96,12 +98,13 @@ def _child(spec: str, temperature: float, num_prompts: int, max_tokens: int, bat
     from treespec_fixtures import build_fixture
     from vllm import LLM, SamplingParams
 
-    from vllm_treespec.engine.budget_control import BudgetControl, QuietTick
+    from vllm_treespec.engine.budget_control import BudgetControl
+    from vllm_treespec.engine.proposer import TreeProposer
 
     if spec.endswith(NO_QUIET):
         BudgetControl._quiet_stretch = lambda self, *args: None
     elif spec.endswith(NO_TICK):
-        BudgetControl.quiet_tick = lambda self, *args: QuietTick.NOT_TAKEN
+        TreeProposer.takes_quiet_step = lambda self, *args: False
     elif spec.endswith(ONE_BY_ONE):
         from vllm_treespec.budget.gain import GainControl
 
@@ -126,8 +129,20 @@ def _child(spec: str, temperature: float, num_prompts: int, max_tokens: int, bat
     todo = prompts[batch + 1:]
     for i in range(0, len(todo), batch):                             # `batch` requests decoding together
         llm.generate(todo[i:i + batch], params, use_tqdm=False)
-    return {"wall_s": time.perf_counter() - start, "steps": totals["sample call"][0],
-            "pieces": {label: {"calls": n, "seconds": s} for label, (n, s) in totals.items()}}
+    wall = time.perf_counter() - start
+    return {"wall_s": wall, "steps": totals["sample call"][0],
+            "pieces": {label: {"calls": n, "seconds": s} for label, (n, s) in totals.items()},
+            "proposer": _proposer_counts(llm)}
+
+
+def _proposer_counts(llm: Any) -> dict[str, Any] | None:
+    """What the proposer decided over the whole run (warm-up included): its step kinds and
+    budget.gain's decisions (engine/tree_stats.py); None without one."""
+    runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+    stats = getattr(getattr(runner, "drafter", None), "stats", None)
+    if stats is None:
+        return None
+    return {"step_kinds": dict(stats.step_kinds), "gain_decisions": dict(stats.gain_decisions)}
 
 
 def _base_spec(spec: str) -> str:

@@ -83,6 +83,35 @@ def _proposer(guard: bool):
     return TreeProposer(cfg)
 
 
+def test_steady_steps_leave_the_verdict_as_it_is_and_end_where_the_schedule_acts():
+    """`steady_steps(n)`: that many steps with n decoding requests leave `allows` unchanged
+    whatever they measure, and the step after them is one where the guard's schedule acts (a
+    test starts, a window ends); checked from random states, loads and measurements."""
+    import copy
+    import random
+
+    rng = random.Random(5)
+    for trial in range(300):
+        g = SpeculationGuard(window=rng.choice([1, 2, 4]), hold=rng.choice([3, 10, 40]),
+                             first_test=rng.choice([0, 5, 30]), min_steps=1)
+        for _ in range(rng.randrange(0, 150)):               # a random history
+            g.step(rng.choice([None, rng.uniform(0.005, 0.02)]), rng.randrange(1, 40), rng.choice([2, 4, 8, 16]))
+        n = rng.choice([2, 4, 8, 16])
+        k = g.steady_steps(n)
+        assert k >= 0
+        probe = copy.deepcopy(g)
+        before = (probe.allows, probe._test_step >= 0, probe._test_step // probe.window)
+        for _ in range(k):
+            probe.step(rng.choice([None, rng.uniform(0.005, 0.02)]), rng.randrange(1, 40), n)
+            assert probe.allows == before[0]
+            assert (probe._test_step >= 0) == before[1]               # no test started or finished
+            if before[1]:
+                assert probe._test_step // probe.window == before[2]  # ... nor a window ended
+        probe.step(0.01, n, n)                                        # the step after them acts
+        acted = (probe._test_step >= 0) != before[1] or (before[1] and probe._test_step // probe.window != before[2])
+        assert acted, (trial, k)
+
+
 def test_a_paused_guard_stops_greedy_and_unseeded_drafts_but_not_seeded_ones():
     import numpy as np
     from vllm import SamplingParams

@@ -42,3 +42,11 @@ def test_probes_are_settled_by_sampled_tokens(runs):
     assert stats["shadow_probes"] > 0
     assert 0 <= stats["shadow_accepted"] <= 2 * stats["shadow_probes"]     # 2-node probes
     assert not any(state["tables"].values())            # every request's state was freed
+
+
+def test_quiet_steps_are_sampled_as_plain_steps(runs):
+    """Between probes the stopped requests form quiet stretches whose steps vLLM samples as
+    plain steps (engine/runner_patches.py `sample_tokens`): the greedy outputs above came
+    through such steps."""
+    stats = runs["on"]["proposer"][0]["stats"]
+    assert stats["plain_quiet_steps"] > 0, stats

@@ -372,12 +372,24 @@ def _decode_sched(ids: list[str], drafts: list[list[int]]) -> SimpleNamespace:
                            total_num_scheduled_tokens=sum(1 + len(d) for d in drafts))
 
 
+def _runner_step(p, runner, sched, sampled: list[list[int]]) -> list[list[int]]:
+    """A step's proposer calls as the runner patches make them: `_prepare_inputs` marks a step
+    without scheduled drafts plain; `sample_tokens` takes a quiet stretch's step by
+    `take_quiet_step` alone, any other by `propose_step`."""
+    p.plain_step = not sched.scheduled_spec_decode_tokens
+    if p.takes_quiet_step(runner, sched):
+        p.take_quiet_step(sampled)
+        return [[] for _ in sampled]
+    return p.propose_step(runner, sched, sampled)
+
+
 def _quiet_run(quiet: bool, steps: int, seeds: tuple, monkeypatch, paused: range = range(0),
-               timed: bool = False) -> tuple:
+               timed: bool = False, guard_by_hand: bool = True) -> tuple:
     """A proposer over a fixed batch of sampled requests whose drafts never pay (so budget.gain
     stops them and they only wait for probes), `steps` steps, with or without quiet stretches,
-    the guard pausing drafting in the steps of `paused`; `timed`: each step is timed and
-    scheduled as the runner would (so budget.gain and the guard observe it). Returns each
+    the guard pausing drafting in the steps of `paused` (`guard_by_hand` False: as its own
+    schedule and measurements decide); `timed`: each step is timed, scheduled and called as the
+    runner would (so budget.gain and the guard observe it, `_runner_step`). Returns each
     step's drafts, the records' gain state, the statistics and the proposer."""
     from vllm import SamplingParams
 
@@ -400,12 +412,14 @@ def _quiet_run(quiet: bool, steps: int, seeds: tuple, monkeypatch, paused: range
                        for r, seed in zip(ids, seeds)}
     drafts = []
     for step in range(steps):
-        p.budget.guard.allows = step not in paused     # (the guard's verdict, set by hand)
+        if guard_by_hand:
+            p.budget.guard.allows = step not in paused     # (the guard's verdict, set by hand)
         sched = _sched()
         if timed:
             p.step_started_at = time.perf_counter()
             sched = _decode_sched(ids, drafts[-1] if drafts else [[]] * len(ids))
-        drafts.append(p.propose_step(runner, sched, [[1]] * len(ids)))
+        drafts.append(_runner_step(p, runner, sched, [[1]] * len(ids)) if timed
+                      else p.propose_step(runner, sched, [[1]] * len(ids)))
         runner.input_batch.num_tokens_no_spec[:len(ids)] += 1      # each sampled one token
         runner.input_batch.token_ids_cpu[:len(ids), len(text) + step] = 1
     p.on_requests_finished(["r0"])           # ends a stretch: its counts are made then
@@ -454,56 +468,127 @@ def test_steps_the_guard_pauses_are_quiet_and_count_as_every_step_would(seeds, m
 
 @pytest.mark.parametrize("seeds", [(None, None), (None, 7)])
 def test_timed_quiet_steps_observe_decide_and_count_as_every_step_would(seeds, monkeypatch):
-    """Served, a quiet stretch's step is one call (BudgetControl.quiet_tick): the guard is fed
-    at once, the step's cost for budget.gain and its worker-step time are kept and observed
-    when the stretch ends. Everything comes out as when each step is observed and decided as
-    it comes, the cost observations in the same order, through guard verdicts that change in
-    the middle of stretches."""
+    """Served, a quiet stretch's step is one call (TreeProposer.take_quiet_step, vLLM sampling
+    it as a plain step): the step's cost for budget.gain, its period for the guard and its
+    worker-step time are kept and observed when the stretch ends. Everything comes out as when
+    each step is observed and decided as it comes, the cost observations and the guard's steps
+    in the same order, through guard verdicts that change in the middle of stretches."""
     from vllm_treespec.budget.gain import GainControl
-    from vllm_treespec.engine.budget_control import BudgetControl, QuietTick
+    from vllm_treespec.budget.guard import SpeculationGuard
+    from vllm_treespec.engine.proposer import TreeProposer
 
     paused = [*range(10, 50), *range(60, 80)]
 
     def run(quiet, m):
-        seen, ticks = [], []
+        seen, guard_seen, quiet_steps = [], [], []
         observe = GainControl.observe_step
         m.setattr(GainControl, "observe_step",
                   lambda self, sec, n, rows, emitted, *a, **k: seen.append((n, rows, emitted))
                   or observe(self, sec, n, rows, emitted, *a, **k))
-        tick = BudgetControl.quiet_tick
-        m.setattr(BudgetControl, "quiet_tick", lambda self, *a: ticks.append(tick(self, *a)) or ticks[-1])
-        return _quiet_run(quiet, 80, seeds, m, paused=paused, timed=True), seen, ticks
+        step = SpeculationGuard.step
+        m.setattr(SpeculationGuard, "step", lambda self, sec, tokens, n: guard_seen.append(
+            (sec is None, tokens, n, self._hold_left)) or step(self, sec, tokens, n))
+        take = TreeProposer.take_quiet_step
+        m.setattr(TreeProposer, "take_quiet_step", lambda self, s: quiet_steps.append(1) or take(self, s))
+        return _quiet_run(quiet, 80, seeds, m, paused=paused, timed=True), seen, guard_seen, quiet_steps
 
     with monkeypatch.context() as m:
-        (plain, plain_seen, _) = run(False, m)
-    quiet, seen, ticks = run(True, monkeypatch)
-    assert quiet[:3] == plain[:3] and seen == plain_seen
+        (plain, plain_seen, plain_guard, _) = run(False, m)
+    quiet, seen, guard_seen, quiet_steps = run(True, monkeypatch)
+    assert quiet[:3] == plain[:3] and seen == plain_seen and guard_seen == plain_guard
     assert len(seen) == 80 and quiet[2][-2] == 80                   # every step observed once
-    if seeds == (None, None):       # (a seeded request's verified probes break more stretches)
-        assert ticks.count(QuietTick.DONE) >= 40
-        assert QuietTick.OBSERVED in ticks                          # a verdict changed mid-stretch
-    else:
-        assert QuietTick.DONE in ticks
+    assert len(guard_seen) == 80
+    assert len(quiet_steps) >= (40 if seeds == (None, None) else 1)  # (a seeded request's verified
+    #                                                                   probes break more stretches)
+
+
+@pytest.mark.parametrize("seeds", [(None, None), (None, 7)])
+def test_quiet_stretches_end_where_the_guard_could_change_its_verdict(seeds, monkeypatch):
+    """The guard's own schedule (a test every `hold` steps, windows of `window` steps inside it)
+    changes its verdict at steps a quiet stretch does not see, since its steps are fed to the
+    guard only at the stretch's end: stretches end there (SpeculationGuard.steady_steps), and
+    everything, the guard's tests and verdicts included, comes out as step by step."""
+    from vllm_treespec.budget import guard as guard_module
+    from vllm_treespec.budget.guard import SpeculationGuard
+    from vllm_treespec.engine.budget_control import BudgetControl
+
+    # verdicts that do not depend on this machine's step times: every test allows drafting
+    # (its windows still pause it), and none holds longer for a clear gain
+    init = SpeculationGuard.__init__
+    monkeypatch.setattr(SpeculationGuard, "__init__", lambda self, **k: init(
+        self, window=4, hold=20, margin=0.99, first_test=12, min_steps=2))
+    monkeypatch.setattr(guard_module, "CLEAR_GAIN", float("inf"))
+
+    def run(quiet, m):
+        verdicts = []
+        finish = SpeculationGuard._finish_test
+        m.setattr(SpeculationGuard, "_finish_test", lambda self: finish(self) or verdicts.append(
+            (self.tests, self.allows, self._hold_left)))
+        return _quiet_run(quiet, 120, seeds, m, timed=True, guard_by_hand=False), verdicts
+
+    with monkeypatch.context() as m:
+        plain, plain_verdicts = run(False, m)
+    calls = []
+    caps = BudgetControl.caps
+    monkeypatch.setattr(BudgetControl, "caps", lambda self, *a: calls.append(1) or caps(self, *a))
+    quiet, verdicts = run(True, monkeypatch)
+    assert quiet[:3] == plain[:3] and verdicts == plain_verdicts and len(verdicts) == 2
+    guard = quiet[3].budget.guard
+    assert guard.tests == len(verdicts)
+    if seeds == (None, None):
+        assert len(calls) < 100          # of 120 steps: quiet stretches between the guard's changes
+
+
+def test_a_quiet_step_in_which_a_request_sampled_nothing_ends_the_stretch(monkeypatch):
+    """`take_quiet_step` checks after sampling that every request sampled a token (a stretch's
+    batch only decodes, so this cannot fail served, but a step that fails it must not count as
+    a quiet one): the stretch ends there, its steps so far counted, this one unobserved."""
+    drafts, state, stats, p = _quiet_run(True, 12, (None, None), monkeypatch, timed=True)
+    ids = ["r1"]
+    runner = _runner([[5, 6, 7, 8] * 3], ids, width=512)
+    for _ in range(40):                     # until a stretch runs and has taken a step
+        sched = _decode_sched(ids, [[]])
+        p.step_started_at = time.perf_counter()
+        _runner_step(p, runner, sched, [[1]])
+        if p.budget._quiet is not None and p.budget._quiet.done:
+            break
+    quiet = p.budget._quiet
+    assert quiet is not None and quiet.done and quiet.steps > 0
+    observed, kept, done = p.stats.steps, len(quiet.observed), quiet.done
+    counted = p.requests["r1"].steps
+    p.step_started_at = time.perf_counter()
+    p.plain_step = True
+    assert p.takes_quiet_step(runner, _decode_sched(ids, [[]]))
+    p.take_quiet_step([[]])
+    assert p.budget._quiet is None and p.stats.steps == observed + kept      # this step unobserved
+    assert p.requests["r1"].steps == counted + done          # the stretch's steps counted, not this one
 
 
 def test_kept_quiet_observations_come_before_the_next_steps_own(monkeypatch):
-    """The costs `quiet_tick` kept are observed before any later step's (`observe_step` replays
-    them first), in the order their steps ran, and the worker-step times with them."""
+    """The costs `take_quiet_step` kept are observed before any later step's (`observe_step`
+    replays them first), in the order their steps ran, the guard's periods and the
+    worker-step times with them."""
     from vllm_treespec.budget.gain import GainControl
+    from vllm_treespec.budget.guard import SpeculationGuard
     from vllm_treespec.engine.budget_control import _QuietStretch
     from vllm_treespec.engine.proposer import TreeProposer
 
     p = TreeProposer(_vllm_config(k=4, treespec={"drafter": {"type": "prompt_lookup"},
                                                  "budget": {"gain": {"enabled": True}}}))
-    seen, times = [], []
+    seen, times, guard_seen = [], [], []
     observe = GainControl.observe_step
     monkeypatch.setattr(GainControl, "observe_step",
                         lambda self, sec, *a, **k: seen.append(round(sec, 6)) or observe(self, sec, *a, **k))
+    step = SpeculationGuard.step
+    monkeypatch.setattr(SpeculationGuard, "step",
+                        lambda self, sec, *a: guard_seen.append(sec if sec is None else round(sec, 6))
+                        or step(self, sec, *a))
     p.stats.observe_step = times.append
     p.budget._quiet = _QuietStretch(["a"], [], [], steps=5, chosen=4, allows=True,
-                                    observed=[(0.001, 1, 0.002), (0.003, 1, 0.004)])
+                                    observed=[(0.001, None, 1, 0.002), (0.003, 0.005, 1, 0.004)])
     p.budget.observe_step(_decode_sched(["a"], [[]]), time.perf_counter() - 0.5)
     assert seen[:2] == [0.001, 0.003] and len(seen) == 3 and times == [0.002, 0.004]
+    assert guard_seen[:2] == [None, 0.005] and len(guard_seen) == 3
     assert p.budget._quiet.observed == []
 
 

@@ -86,6 +86,20 @@ class SpeculationGuard:
         self._advance()
         self._last_allows = self.allows
 
+    def steady_steps(self, requests: int) -> int:
+        """How many following `step` calls with `requests` decoding requests each certainly leave
+        `allows` as it is: between tests, those that only count down the hold (and the moved-load
+        count); in a test, the rest of the running window. Their seconds and tokens can then be
+        fed later, in order, with the same result. Why: a quiet stretch's steps (nobody drafts,
+        engine/budget_control.py) need the verdict only where it can change."""
+        if self._test_step >= 0:
+            return self.window - 1 - self._test_step % self.window
+        steps = self._hold_left
+        if self.verdict is not None and requests > 0 \
+                and not 0.5 < requests / max(self.verdict.batch, 1e-9) < 2.0:
+            steps = min(steps, 2 * self.window - 1 - self._moved)
+        return max(steps, 0)
+
     def _advance(self) -> None:
         if self._test_step < 0:
             if self._hold_left > 0:

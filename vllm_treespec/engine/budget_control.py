@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, Sequence
 
 import numpy as np
@@ -32,7 +31,7 @@ from vllm.logger import init_logger
 
 logger = init_logger(f"vllm.{__name__}")
 
-__all__ = ["BudgetControl", "QuietTick"]
+__all__ = ["BudgetControl"]
 
 
 class BudgetControl:
@@ -181,30 +180,32 @@ class BudgetControl:
             self._pending = (decided, records, rated)
         elif decided:
             self._settle(caps, decided, records)
-        self._quiet = self._quiet_stretch(requests, req_ids, lengths, decoding, decided, records,
-                                          rated, shadow, paused_rows, chosen)
+        self._quiet = self._quiet_stretch(requests, req_ids, lengths, decoding, decided, rated, shadow,
+                                          paused_rows, chosen)
         return caps, choice
 
     # -- the quiet stretch: steps in which no request can draft ---------------------------------
     def _quiet_stretch(self, requests: RequestTable, req_ids: Sequence[str], lengths: Sequence[int],
                        decoding: Sequence[bool], decided: dict[int, GainDecision | None],
-                       records: dict[int, GainRecord], rated: Sequence[int], shadow: Sequence[int],
-                       paused_rows: Sequence[int], chosen: int) -> _QuietStretch | None:
-        """After a step in which no request of the batch could draft, each either settled by
-        budget.gain without a full decision (stopped and waiting for its probe, or sitting out)
-        or kept out by the guard's pause, the steps in which that certainly stays so: those
+                       rated: Sequence[int], shadow: Sequence[int], paused_rows: Sequence[int],
+                       chosen: int) -> _QuietStretch | None:
+        """After a step in which no request of the batch drafts, each either decided by
+        budget.gain to draft nothing (stopped and waiting for its probe, or sitting out; decided
+        in full or settled without a full decision) or kept out by the
+        guard's pause, the steps in which that certainly stays so: those
         budget.gain settles again (GainControl.quiet_steps) while the guard's verdict stands,
-        and no cap can reach 0 for another reason. While the batch stays the same, the proposer
-        skips those steps (`quiet_step`) and their decisions are made and counted in one go when
-        the stretch ends (`end_quiet`). Why: at sampled loads most steps are such steps, and
+        and no cap can reach 0 for another reason. While the batch stays the same, those steps
+        are skipped (served: `quiet_ahead` and `take_quiet_step`, vLLM sampling them as plain
+        steps; else `quiet_step`) and their decisions are made and counted in one go when the
+        stretch ends (`end_quiet`). Why: at sampled loads most steps are such steps, and
         their per-request bookkeeping, a few microseconds hot, was most of what an idle
         speculative server spent beyond vLLM's own step with its caches cold
         (docs/never-slower.md section 4). Only under a fixed budget policy (its choice cannot
         change within the stretch) and a drafter that needs no call per step."""
         n = len(req_ids)
-        if self.gain is None or not n or len(decided) + len(paused_rows) != n or records or rated or shadow \
+        if self.gain is None or not n or len(decided) + len(paused_rows) != n or rated or shadow \
                 or self._shadows or self.policy.mode != "fixed" or not chosen or not all(decoding) \
-                or self._every_step:
+                or self._every_step or any(d is not None and d.nodes > 0 for d in decided.values()):
             return None
         steps = min(self.gain.max_probe_every, self.max_model_len - max(lengths) - 1)
         members, settled = [], []
@@ -221,6 +222,12 @@ class BudgetControl:
             if steps <= 0:
                 return None
         allows = self.guard is None or self.guard.allows
+        if self.guard is not None:
+            # no further than the guard's verdict certainly stands: its steps are then fed at the
+            # stretch's end (`_replay_quiet_observations`)
+            steps = min(steps, self.guard.steady_steps(n))
+            if steps <= 0:
+                return None
         return _QuietStretch(list(req_ids), members, settled, steps, chosen, allows)
 
     def _continues_stretch(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]]) -> bool:
@@ -240,52 +247,56 @@ class BudgetControl:
         self._quiet.take_step()
         return True
 
-    def quiet_tick(self, scheduler_output: Any, started_at: float | None, req_ids: Sequence[str],
-                   sampled_token_ids: Sequence[Sequence[int]]) -> QuietTick:
-        """The whole of a quiet stretch's step (`_quiet_stretch`) when it certainly is one:
-        `observe_step` and `quiet_step` in one, with the step's cost and worker-step time kept
-        for the stretch's end (`_replay_quiet_observations`: the same calls in the same order,
-        run hot). The guard is fed at once: its verdict decides whether the step may draft.
-        Why: in an idle step each function the proposer touches costs microseconds with the
-        caches cold from the forward pass, and this is one (`req_ids`: the runner's live list,
-        not a copy). DONE: the step is over, nobody drafts; OBSERVED: the step was observed
-        but the guard's verdict changed, so the full path decides it (without `observe_step`);
-        NOT_TAKEN: nothing was done."""
-        if started_at is None or self._verified is not None or self._tensor_parallel \
-                or not self._continues_stretch(req_ids, sampled_token_ids):
-            return QuietTick.NOT_TAKEN
+    def quiet_ahead(self, scheduler_output: Any, started_at: float | None, req_ids: Sequence[str]) -> bool:
+        """Whether the step about to be sampled is certainly one of the quiet stretch
+        (`_quiet_stretch`): steps left, the same batch (`req_ids`: the runner's live list, not a
+        copy) each scheduled one row and nothing drafted, no shadow probe waiting, the guard's
+        verdict the stretch holds under (the stretch ends before the guard could change it,
+        `SpeculationGuard.steady_steps`). Then the step is taken by `take_quiet_step` alone (after
+        the caller checked that every request sampled a token), and vLLM may sample it as a
+        plain step.
+        Not under tensor parallelism: there every step feeds the guard (a broadcast)."""
+        quiet = self._quiet
+        if quiet is None or quiet.steps <= 0 or started_at is None or self._shadows or self._tensor_parallel \
+                or self._verified is not None or quiet.req_ids != req_ids \
+                or (self.guard is not None and self.guard.allows != quiet.allows):
+            return False
         n = len(req_ids)
-        if scheduler_output.scheduled_spec_decode_tokens or len(scheduler_output.num_scheduled_tokens) != n \
-                or total_scheduled_tokens(scheduler_output) != n:
-            return QuietTick.NOT_TAKEN       # (not a pure decode step of this batch)
+        return (not scheduler_output.scheduled_spec_decode_tokens and len(scheduler_output.num_scheduled_tokens) == n
+                and total_scheduled_tokens(scheduler_output) == n)
+
+    def take_quiet_step(self, started_at: float) -> None:
+        """The whole of a quiet stretch's step (`quiet_ahead` said it is one; `started_at`: when
+        its input preparation began): its cost for budget.gain, its period for the guard and its
+        worker-step time are kept, to be observed when the stretch ends
+        (`_replay_quiet_observations`: the same calls in the same order, run hot), and its
+        decisions are made then (`end_quiet`). Why one call: in an idle step each function the
+        proposer touches costs microseconds with the caches cold from the forward pass."""
         quiet = self._quiet
         now = time.perf_counter()
         last, self._last_step_at = self._last_step_at, now
         seconds = now - started_at
-        guard = self.guard
-        if guard is not None:
-            self._guard_step(now - last if last is not None else None, n, [])
-            if guard.allows != quiet.allows:
-                # observed as `observe_step` would (the worker-step time by the caller's full path)
-                self._replay_quiet_observations()
-                self.gain.observe_step(self._gain_period(now, seconds), n, 0, n)
-                return QuietTick.OBSERVED
-        quiet.observed.append((self._gain_period(now, seconds), n, seconds))
+        quiet.observed.append((self._gain_period(now, seconds), now - last if last is not None else None,
+                               len(quiet.req_ids), seconds))
         quiet.take_step()
         self.draft_seconds = 0.0
-        self.last_propose_end = time.perf_counter()
-        return QuietTick.DONE
+        self.last_propose_end = now
 
     def _replay_quiet_observations(self) -> None:
-        """What `quiet_tick` kept: each step's cost for budget.gain (a decode step of one row per
-        request, nothing drafted or verified) and its worker-step time for the statistics, as
-        `observe_step` and the proposer would have observed them, in order."""
+        """What `take_quiet_step` kept: each step's cost for budget.gain (a decode step of one row
+        per request, nothing drafted or verified), its period for the guard and its worker-step
+        time for the statistics, as `observe_step` and the proposer would have observed them, in
+        order. The guard's verdict cannot change on them (`SpeculationGuard.steady_steps` bounds
+        the stretch)."""
         quiet = self._quiet
         if quiet is None or not quiet.observed:
             return
         observed, quiet.observed = quiet.observed, []
-        for period, n, seconds in observed:
-            self.gain.observe_step(period, n, 0, n)
+        self.stats.plain_quiet_steps += len(observed)
+        for gain_period, guard_period, n, seconds in observed:
+            self.gain.observe_step(gain_period, n, 0, n)
+            if self.guard is not None:
+                self._guard_step(guard_period, n, [])
             self.stats.observe_step(seconds)
 
     def end_quiet(self, requests: RequestTable) -> None:
@@ -571,13 +582,6 @@ class BudgetControl:
             self.stats.observe_guard(*shown)
 
 
-class QuietTick(Enum):
-    """What `BudgetControl.quiet_tick` did with a step."""
-    NOT_TAKEN = 0       # nothing: the caller observes and decides the step in full
-    OBSERVED = 1        # observed; the guard's verdict changed, so the caller decides it in full
-    DONE = 2            # a step of the quiet stretch: observed, nobody drafts
-
-
 @dataclass
 class _QuietStretch:
     """Steps in which no request of an unchanged batch can draft: budget.gain settles each
@@ -589,9 +593,10 @@ class _QuietStretch:
     chosen: int                 # the fixed policy's node budget (counted per step)
     allows: bool                # the guard's verdict the stretch holds under (True without a guard)
     done: int = 0               # steps skipped so far, decided and counted by `end_quiet`
-    # per step `quiet_tick` took: (its period for budget.gain's cost, decoding requests, its
-    # worker-step seconds), observed by `_replay_quiet_observations`
-    observed: list[tuple[float, int, float]] = field(default_factory=list)
+    # per step `take_quiet_step` took: (its period for budget.gain's cost, its period for the guard
+    # (None: none before it), decoding requests, its worker-step seconds), observed by
+    # `_replay_quiet_observations`
+    observed: list[tuple[float, float | None, int, float]] = field(default_factory=list)
 
     def take_step(self) -> None:
         """One more step skipped."""

@@ -14,12 +14,14 @@ Per step, driven by the runner patches (engine/runner_patches.py):
    trees -> a `TreeStep` (positions, masks, logits rows) for attention and sampling;
 3. `sample` (instead of vLLM's rejection sampler): tree acceptance and KV compaction
    (engine/step_sampling.py), then what the budget rules and statistics learn from it.
+A step of budget.gain's quiet stretch (nobody can draft in it) is plain for vLLM and takes only
+`takes_quiet_step` and `take_quiet_step` here (engine/budget_control.py says what the stretch is).
 vLLM's runner is read only through engine/runner_state.py.
 """
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -27,7 +29,7 @@ from vllm_treespec.config import TreespecConfig, from_additional_config
 from vllm_treespec.drafters import DraftInputs, Proposal, make_drafter
 from vllm_treespec.drafters.base import TargetStates
 from vllm_treespec.engine import runner_state
-from vllm_treespec.engine.budget_control import BudgetControl, QuietTick
+from vllm_treespec.engine.budget_control import BudgetControl
 from vllm_treespec.engine.committed_rows import CommittedRows
 from vllm_treespec.engine.metrics import make_metrics
 from vllm_treespec.engine.plain_sampling import sample_plain_step
@@ -74,6 +76,9 @@ class TreeProposer:
         self.sampler = TreeStepSampler(coin_rows=k + 1)
         self.plain_step = False               # a free idle step: vLLM runs it as a plain step
         self.drafted = False                  # whether the last propose_step drafted any node
+        # quiet steps sampled as vLLM's plain step hide the speculative config from the sample
+        # call; for hybrid (Mamba) targets that call also tracks accepted tokens per request
+        self.samples_quiet_steps_plainly = not getattr(model, "is_hybrid", False)
         self.plan: TreeStep | None = None     # the tree step between `_prepare_inputs` and `_sample`
         self.step_started_at: float | None = None   # set by the _prepare_inputs patch
         logger.info("TreeProposer: drafter=%s builder=%s budget=%d config=%s", self.drafter.name,
@@ -116,16 +121,7 @@ class TreeProposer:
     def propose_step(self, runner: Any, scheduler_output: Any, sampled_token_ids: list[list[int]],
                      hidden_states: Any = None, aux_hidden_states: Any = None) -> list[list[int]]:
         """Drafts for every request in the runner's batch (the patched runner calls this)."""
-        live_ids = runner_state.live_req_ids(runner)
-        tick = self.budget.quiet_tick(scheduler_output, self.step_started_at, live_ids, sampled_token_ids)
-        if tick is QuietTick.DONE:
-            # a step of a quiet stretch (engine/budget_control.py): nobody drafts, and its
-            # observations and decisions are made when the stretch ends
-            self.drafted = False
-            self.step_started_at = None
-            return [[] for _ in live_ids]
-        if tick is QuietTick.NOT_TAKEN:
-            self.budget.observe_step(scheduler_output, self.step_started_at)
+        self.budget.observe_step(scheduler_output, self.step_started_at)
         req_ids, token_ids, num_tokens = runner_state.batch_tokens(runner)
         scheduled = int(scheduler_output.num_spec_tokens_to_schedule) or self.num_speculative_tokens
         target = None
@@ -140,6 +136,27 @@ class TreeProposer:
             self.step_started_at = None
         self.budget.last_propose_end = time.perf_counter()
         return drafts
+
+    def takes_quiet_step(self, runner: Any, scheduler_output: Any) -> bool:
+        """Before vLLM samples a plain step: whether the step is certainly one of budget.gain's
+        quiet stretch (`BudgetControl.quiet_ahead`). Then the runner patch samples it as vLLM's
+        plain step, without vLLM's drafting path or this proposer's `propose_step`, and calls
+        `take_quiet_step`."""
+        return (self.plain_step and self.samples_quiet_steps_plainly
+                and self.budget.quiet_ahead(scheduler_output, self.step_started_at, runner_state.live_req_ids(runner)))
+
+    def take_quiet_step(self, sampled_token_ids: Sequence[Sequence[int]]) -> None:
+        """The quiet step `takes_quiet_step` announced has been sampled (`sampled_token_ids`: per
+        request its new tokens): nobody drafts in it, and what it teaches budget.gain is observed
+        when the stretch ends. A request that sampled nothing (a prompt chunk, which a stretch's
+        batch of decoding requests cannot hold, but checked after the fact since the check is
+        cheaper here) ends the stretch instead, this step unobserved."""
+        if all(sampled_token_ids):
+            self.budget.take_quiet_step(self.step_started_at)
+        else:
+            self.budget.end_quiet(self.requests)
+        self.drafted = False
+        self.step_started_at = None
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray, slot_mappings: Any = None) -> list[list[int]]:

@@ -28,7 +28,10 @@ Why each exists:
 - `_sample`: tree acceptance and KV compaction instead of the linear rejection sampler
   (engine/tree_verifier.py); the plan is withdrawn afterwards.
 - `sample_tokens`: the step's drafts ride on its output to the engine core instead of a separate
-  `take_draft_token_ids` round trip (engine/draft_handoff.py).
+  `take_draft_token_ids` round trip (engine/draft_handoff.py). A step of budget.gain's quiet
+  stretch (nobody can draft, `TreeProposer.takes_quiet_step`) is sampled as vLLM's plain step:
+  with the speculative config hidden, vLLM skips its drafting path (the drafter-fits check, the
+  drafting call, the draft copy), which such a step only paid for.
 - `compile_or_warm_up_model` (CPU worker and CUDA worker; the CPU one overrides the CUDA one):
   after vLLM's warm-up, the auto budget policy's startup profile of step time versus query
   tokens (engine/verify_profile.py).
@@ -43,7 +46,7 @@ from typing import Any, Callable
 from vllm_treespec.engine.draft_handoff import attach_drafts
 from vllm_treespec.engine.patch_registry import Patch, PatchRegistry
 from vllm_treespec.engine.runner_state import (batch_has_seeded_sampling, step_batch, step_query_start,
-                                               step_slot_mapping)
+                                               step_slot_mapping, step_to_sample)
 from vllm_treespec.engine.tree_step import set_current_step
 
 RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
@@ -227,10 +230,20 @@ def _wrap_sample(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _wrap_sample_tokens(original: Callable[..., Any]) -> Callable[..., Any]:
     def sample_tokens(self, grammar_output):
-        output = original(self, grammar_output)
         proposer = _tree_proposer(self)
         if proposer is None:
-            return output
+            return original(self, grammar_output)
+        if proposer.plain_step:
+            scheduler_output = step_to_sample(self)
+            if scheduler_output is not None and proposer.takes_quiet_step(self, scheduler_output):
+                # a step of budget.gain's quiet stretch: nobody drafts, so vLLM samples it as a
+                # plain step (no drafting path); `execute_model` left the KV connector's
+                # finalization to that path, so it is done here
+                output = _without_speculation(self, original, grammar_output)
+                self.finalize_kv_connector()
+                proposer.take_quiet_step(output.sampled_token_ids)
+                return attach_drafts(self, output, False)
+        output = original(self, grammar_output)
         return attach_drafts(self, output, proposer.drafted)
 
     return sample_tokens

@@ -44,6 +44,14 @@ def live_req_ids(runner: Any) -> list[str]:
     return runner.input_batch.req_ids
 
 
+def step_to_sample(runner: Any) -> Any | None:
+    """The scheduler output of the step `execute_model` ran and `sample_tokens` is about to
+    sample (vLLM's ephemeral `execute_model_state`); None when there is none (a pipeline or KV
+    transfer pass-through)."""
+    state = runner.execute_model_state
+    return state.scheduler_output if state is not None else None
+
+
 def num_computed_tokens(runner: Any) -> np.ndarray:
     """int32 [max_num_reqs]: tokens each batch row has in the KV cache before this step."""
     return runner.input_batch.num_computed_tokens_cpu

@@ -46,6 +46,7 @@ class TreeStats:
     guard_ratio: float | None = None     # budget.gain.guard's last drafted / paused tokens-per-second ratio
     shadow_probes: int = 0       # budget.gain: shadow probes settled (budget/shadow.py) ...
     shadow_accepted: int = 0     # ... and the nodes they accepted
+    plain_quiet_steps: int = 0   # quiet stretches' steps vLLM sampled as plain steps (engine/budget_control.py)
     metrics: Any = None          # TreeMetrics, or None when this worker exports nothing
     # plain lists: a step adds one count per tree, which numpy's per-call cost would dominate
     nodes_hist: list[int] = field(init=False)
@@ -194,4 +195,5 @@ class TreeStats:
             "gain_decisions": dict(self.gain_decisions),
             "step_kinds": dict(self.step_kinds),
             "shadow_probes": self.shadow_probes, "shadow_accepted": self.shadow_accepted,
+            "plain_quiet_steps": self.plain_quiet_steps,
         }

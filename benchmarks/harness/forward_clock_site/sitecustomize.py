@@ -12,7 +12,7 @@ slots say in which process and part a config's extra time per token goes.
 The wrapped methods are the callers of what the plugin patches (the worker's `execute_model`
 calls the runner's), so the plugin's own work is inside them. Inside the worker's sample call
 three more say where its time goes: the plugin's drafting call (`TreeProposer.propose_step`, looked
-up at each call, so the clock sees it), and vLLM's own sampler (`_sample`: wrapped on import,
+up at each call, so the clock sees it, or in a quiet stretch's step `take_quiet_step`), and vLLM's own sampler (`_sample`: wrapped on import,
 under the plugin's patch, so only vLLM's sampling is timed) and bookkeeping. Slots must match
 `harness.forward_clock.SLOTS`. Does nothing when the variable is unset, and never lets a clock
 failure reach the server.
@@ -34,7 +34,7 @@ _TARGETS: dict[str, list[tuple[str, str, int]]] = {
     "vllm.v1.core.sched.scheduler": [("Scheduler", "schedule", 3), ("Scheduler", "update_from_output", 4)],
     "vllm.v1.engine.core": [("EngineCoreProc", "_process_engine_step", 5), ("EngineCore", "post_step", 6)],
     "vllm.v1.engine.output_processor": [("OutputProcessor", "process_outputs", 7)],
-    "vllm_treespec.engine.proposer": [("TreeProposer", "propose_step", 8)],
+    "vllm_treespec.engine.proposer": [("TreeProposer", "propose_step", 8), ("TreeProposer", "take_quiet_step", 8)],
 }
 _NUM_SLOTS = 1 + max(slot for targets in _TARGETS.values() for *_, slot in targets)
 _STATE: dict = {"pid": None, "map": None, "sums": None}
