@@ -129,8 +129,7 @@ def _child(spec: str, temperature: float, num_prompts: int, max_tokens: int, bat
     todo = prompts[batch + 1:]
     for i in range(0, len(todo), batch):                             # `batch` requests decoding together
         llm.generate(todo[i:i + batch], params, use_tqdm=False)
-    wall = time.perf_counter() - start
-    return {"wall_s": wall, "steps": totals["sample call"][0],
+    return {"wall_s": time.perf_counter() - start, "steps": totals["sample call"][0],
             "pieces": {label: {"calls": n, "seconds": s} for label, (n, s) in totals.items()},
             "proposer": _proposer_counts(llm)}
 

@@ -230,19 +230,18 @@ class BudgetControl:
                 return None
         return _QuietStretch(list(req_ids), members, settled, steps, chosen, allows)
 
-    def _continues_stretch(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]]) -> bool:
-        """Whether this step may be one of the quiet stretch (`_quiet_stretch`): steps left, the
-        same batch, every request decoding, no shadow probe waiting."""
+    def _continues_stretch(self, req_ids: Sequence[str]) -> bool:
+        """Whether the quiet stretch (`_quiet_stretch`) may go on into this step: steps left, the
+        same batch, no shadow probe waiting, the guard's verdict the stretch holds under."""
         quiet = self._quiet
         return (quiet is not None and quiet.steps > 0 and not self._shadows and quiet.req_ids == req_ids
-                and all(sampled_token_ids[:len(req_ids)]))
+                and (self.guard is None or self.guard.allows == quiet.allows))
 
     def quiet_step(self, req_ids: Sequence[str], sampled_token_ids: Sequence[Sequence[int]]) -> bool:
-        """Whether this step is one of the quiet stretch (`_continues_stretch`, the guard's verdict
-        unchanged). Then nobody drafts and the caller returns no drafts at once; a False sends it
+        """Whether this step is one of the quiet stretch (`_continues_stretch`, every request
+        decoding). Then nobody drafts and the caller returns no drafts at once; a False sends it
         down the full path (`caps`), which ends the stretch first."""
-        if not self._continues_stretch(req_ids, sampled_token_ids) \
-                or (self.guard is not None and self.guard.allows != self._quiet.allows):
+        if not self._continues_stretch(req_ids) or not all(sampled_token_ids[:len(req_ids)]):
             return False
         self._quiet.take_step()
         return True
@@ -256,10 +255,8 @@ class BudgetControl:
         the caller checked that every request sampled a token), and vLLM may sample it as a
         plain step.
         Not under tensor parallelism: there every step feeds the guard (a broadcast)."""
-        quiet = self._quiet
-        if quiet is None or quiet.steps <= 0 or started_at is None or self._shadows or self._tensor_parallel \
-                or self._verified is not None or quiet.req_ids != req_ids \
-                or (self.guard is not None and self.guard.allows != quiet.allows):
+        if started_at is None or self._tensor_parallel or self._verified is not None \
+                or not self._continues_stretch(req_ids):
             return False
         n = len(req_ids)
         return (not scheduler_output.scheduled_spec_decode_tokens and len(scheduler_output.num_scheduled_tokens) == n

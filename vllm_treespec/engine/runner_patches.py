@@ -233,16 +233,15 @@ def _wrap_sample_tokens(original: Callable[..., Any]) -> Callable[..., Any]:
         proposer = _tree_proposer(self)
         if proposer is None:
             return original(self, grammar_output)
-        if proposer.plain_step:
-            scheduler_output = step_to_sample(self)
-            if scheduler_output is not None and proposer.takes_quiet_step(self, scheduler_output):
-                # a step of budget.gain's quiet stretch: nobody drafts, so vLLM samples it as a
-                # plain step (no drafting path); `execute_model` left the KV connector's
-                # finalization to that path, so it is done here
-                output = _without_speculation(self, original, grammar_output)
-                self.finalize_kv_connector()
-                proposer.take_quiet_step(output.sampled_token_ids)
-                return attach_drafts(self, output, False)
+        scheduler_output = step_to_sample(self)
+        if scheduler_output is not None and proposer.takes_quiet_step(self, scheduler_output):
+            # a step of budget.gain's quiet stretch: nobody drafts, so vLLM samples it as a
+            # plain step (no drafting path); `execute_model` left the KV connector's
+            # finalization to that path, so it is done here
+            output = _without_speculation(self, original, grammar_output)
+            self.finalize_kv_connector()
+            proposer.take_quiet_step(output.sampled_token_ids)
+            return attach_drafts(self, output, False)
         output = original(self, grammar_output)
         return attach_drafts(self, output, proposer.drafted)
 

@@ -12,8 +12,9 @@ slots say in which process and part a config's extra time per token goes.
 The wrapped methods are the callers of what the plugin patches (the worker's `execute_model`
 calls the runner's), so the plugin's own work is inside them. Inside the worker's sample call
 three more say where its time goes: the plugin's drafting call (`TreeProposer.propose_step`, looked
-up at each call, so the clock sees it, or in a quiet stretch's step `take_quiet_step`), and vLLM's own sampler (`_sample`: wrapped on import,
-under the plugin's patch, so only vLLM's sampling is timed) and bookkeeping. Slots must match
+up at each call, so the clock sees it, or in a quiet stretch's step `take_quiet_step`), and
+vLLM's own sampler (`_sample`: wrapped on import, under the plugin's patch, so only vLLM's
+sampling is timed) and bookkeeping. Slots must match
 `harness.forward_clock.SLOTS`. Does nothing when the variable is unset, and never lets a clock
 failure reach the server.
 """
