@@ -46,7 +46,11 @@ VARIANTS = (NO_QUIET, NO_TICK, ONE_BY_ONE)
 # (what the table calls it, module, class or None, function); timed where it is looked up
 PIECES: tuple[tuple[str, str, str | None, str], ...] = (
     ("execute call", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "execute_model"),
+    ("  state update", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_update_states"),
     ("  input preparation", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_prepare_inputs"),
+    ("  batch dispatch", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_determine_batch_execution_and_padding"),
+    ("  attention metadata", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_build_attention_metadata"),
+    ("  input ids", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_preprocess"),
     ("  model forward", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_model_forward"),
     ("sample call", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "sample_tokens"),
     ("  vLLM sampler", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_sample"),

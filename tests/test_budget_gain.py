@@ -114,6 +114,27 @@ def test_queued_steps_fold_into_the_same_sums_as_a_per_step_update():
     assert cost.tokens_per_second() == pytest.approx(sums[2] / sums[0], rel=1e-12)
 
 
+def test_plain_steps_observed_in_one_call_are_those_steps_observed_one_by_one():
+    """`observe_plain` (a quiet stretch's steps, replayed at its end) gives the sums of one
+    `observe` per step: one row per request, nothing drafted, as many tokens as requests;
+    steps without a positive duration are skipped alike."""
+    rng = np.random.default_rng(4)
+    one_by_one, batched = StepCost(), StepCost()
+    for _ in range(40):
+        n = int(rng.integers(1, 32))
+        seconds = [float(s) for s in rng.uniform(-1e-4, 3e-3, size=int(rng.integers(0, 30)))]
+        for s in seconds:
+            one_by_one.observe(s, n, 0, n)
+        batched.observe_plain(seconds, n)
+        if rng.random() < 0.3:                   # a drafted step between stretches
+            step = (float(rng.uniform(1e-3, 3e-3)), n, 12, n + 3, 2e-4)
+            one_by_one.observe(*step)
+            batched.observe(*step)
+    assert batched.steps == one_by_one.steps > 300
+    np.testing.assert_allclose(batched.coefficients(), one_by_one.coefficients(), rtol=1e-9)
+    np.testing.assert_allclose(batched._moments, one_by_one._moments, rtol=1e-12)
+
+
 class _Requests(dict):
     """req id -> its GainRecord, made on first use (what the engine's request table keeps)."""
 
@@ -563,7 +584,31 @@ def test_a_quiet_stretch_is_settled_at_once_as_step_by_step(seed):
         want = by_step[0]._settle_quiet_steps_one_by_one(by_step[1], steps)
         assert got == want
         assert at_once[0]._step == by_step[0]._step and at_once[0].calibrating == by_step[0].calibrating
+        assert at_once[0].exploring == by_step[0].exploring
         assert [(r.held_for, r.waited) for r, _ in at_once[1]] == [(r.held_for, r.waited) for r, _ in by_step[1]]
+
+
+@pytest.mark.parametrize("every", [0, 1, 2, 3, 8, 32])
+def test_the_clock_skips_a_stretch_as_begin_step_would(every):
+    """A quiet stretch moves the probe clock by its length at once: the calibration steps it
+    spans (counted, not walked) and the clock's state after it are those of one `begin_step`
+    per step."""
+    rng = np.random.default_rng(every)
+    for _ in range(200):
+        at_once, by_step = (GainControl(8, calibrate_every=every) for _ in range(2))
+        start = int(rng.integers(0, 200))
+        at_once._advance_clock(start)
+        for _ in range(start):
+            by_step.begin_step()
+        steps = int(rng.integers(0, 100))
+        calibration = 0
+        for _ in range(steps):
+            by_step.begin_step()
+            calibration += by_step.calibrating
+        assert at_once._calibration_steps(start, steps) == calibration
+        at_once._advance_clock(steps)
+        assert (at_once._step, at_once.calibrating, at_once.exploring) == \
+            (by_step._step, by_step.calibrating, by_step.exploring)
 
 
 def test_quiet_steps_count_the_steps_a_request_is_certainly_settled():

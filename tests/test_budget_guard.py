@@ -112,6 +112,39 @@ def test_steady_steps_leave_the_verdict_as_it_is_and_end_where_the_schedule_acts
         assert acted, (trial, k)
 
 
+def test_steady_adds_up_what_one_step_call_each_would():
+    """`steady(periods, tokens, n)` (a quiet stretch's steps fed at its end) leaves the guard as
+    one `step` call per period would, from random states, in tests and between them; more steps
+    than `steady_steps(n)` are refused."""
+    import copy
+    import random
+
+    rng = random.Random(11)
+    fed = 0
+    for trial in range(300):
+        g = SpeculationGuard(window=rng.choice([1, 2, 4, 8]), hold=rng.choice([3, 10, 40]),
+                             first_test=rng.choice([0, 5, 30]), min_steps=1)
+        for _ in range(rng.randrange(0, 150)):
+            g.step(rng.choice([None, rng.uniform(0.005, 0.02)]), rng.randrange(1, 40), rng.choice([2, 4, 8, 16]))
+        n = rng.choice([2, 4, 8, 16])
+        steady = g.steady_steps(n)
+        k = rng.randrange(0, steady + 1)
+        periods = [rng.choice([None, 0.0, rng.uniform(0.005, 0.02)]) for _ in range(k)]
+        one_by_one, batched = copy.deepcopy(g), copy.deepcopy(g)
+        for p in periods:
+            one_by_one.step(p, n, n)
+        batched.steady(periods, n, n)
+        fed += k
+        for name in ("allows", "tests", "_hold_left", "_test_step", "_requests", "_batch_range", "_moved",
+                     "_last_allows", "verdict"):
+            assert getattr(batched, name) == getattr(one_by_one, name), (trial, name)
+        for side in (True, False):
+            assert batched._sums[side] == pytest.approx(one_by_one._sums[side], rel=1e-12), trial
+        with pytest.raises(ValueError, match="steady"):
+            copy.deepcopy(g).steady([0.01] * (steady + 1), n, n)
+    assert fed > 1000
+
+
 def test_a_paused_guard_stops_greedy_and_unseeded_drafts_but_not_seeded_ones():
     import numpy as np
     from vllm import SamplingParams

@@ -485,9 +485,21 @@ def test_timed_quiet_steps_observe_decide_and_count_as_every_step_would(seeds, m
         m.setattr(GainControl, "observe_step",
                   lambda self, sec, n, rows, emitted, *a, **k: seen.append((n, rows, emitted))
                   or observe(self, sec, n, rows, emitted, *a, **k))
+        plain_steps = GainControl.observe_plain_steps
+        m.setattr(GainControl, "observe_plain_steps",
+                  lambda self, secs, n: seen.extend([(n, 0, n)] * len(secs)) or plain_steps(self, secs, n))
         step = SpeculationGuard.step
         m.setattr(SpeculationGuard, "step", lambda self, sec, tokens, n: guard_seen.append(
             (sec is None, tokens, n, self._hold_left)) or step(self, sec, tokens, n))
+        steady = SpeculationGuard.steady
+
+        def steady_steps(self, secs, tokens, n):      # as `step` would have seen each of them
+            testing = self._test_step >= 0
+            guard_seen.extend((sec is None, tokens, n, self._hold_left - (0 if testing else i))
+                              for i, sec in enumerate(secs))
+            return steady(self, secs, tokens, n)
+
+        m.setattr(SpeculationGuard, "steady", steady_steps)
         take = TreeProposer.take_quiet_step
         m.setattr(TreeProposer, "take_quiet_step", lambda self, s: quiet_steps.append(1) or take(self, s))
         return _quiet_run(quiet, 80, seeds, m, paused=paused, timed=True), seen, guard_seen, quiet_steps
@@ -583,9 +595,16 @@ def test_kept_quiet_observations_come_before_the_next_steps_own(monkeypatch):
     monkeypatch.setattr(SpeculationGuard, "step",
                         lambda self, sec, *a: guard_seen.append(sec if sec is None else round(sec, 6))
                         or step(self, sec, *a))
+    plain_steps = GainControl.observe_plain_steps
+    monkeypatch.setattr(GainControl, "observe_plain_steps",
+                        lambda self, secs, n: seen.extend(round(s, 6) for s in secs) or plain_steps(self, secs, n))
+    steady = SpeculationGuard.steady
+    monkeypatch.setattr(SpeculationGuard, "steady", lambda self, secs, *a: guard_seen.extend(
+        s if s is None else round(s, 6) for s in secs) or steady(self, secs, *a))
     p.stats.observe_step = times.append
+    p.stats.observe_steps = times.extend
     p.budget._quiet = _QuietStretch(["a"], [], [], steps=5, chosen=4, allows=True,
-                                    observed=[(0.001, None, 1, 0.002), (0.003, 0.005, 1, 0.004)])
+                                    observed=[(0.001, None, 0.002), (0.003, 0.005, 0.004)])
     p.budget.observe_step(_decode_sched(["a"], [[]]), time.perf_counter() - 0.5)
     assert seen[:2] == [0.001, 0.003] and len(seen) == 3 and times == [0.002, 0.004]
     assert guard_seen[:2] == [None, 0.005] and len(guard_seen) == 3

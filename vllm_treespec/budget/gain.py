@@ -151,6 +151,21 @@ class StepCost:
         if len(self._queued) >= _FOLD_EVERY:
             self._fold()
 
+    def observe_plain(self, seconds: Sequence[float], requests: int) -> None:
+        """`observe(s, requests, 0, requests)` for each of `seconds` in order, in one call: decode
+        steps of one row per request, nothing drafted (a quiet stretch's, replayed at its end)."""
+        if requests < 1:
+            return
+        r = float(requests)
+        steps = [(1.0, r, 0.0, 0.0, s, s, r) for s in seconds if s > 0]
+        if not steps:
+            return
+        self._queued.extend(steps)
+        self.steps += len(steps)
+        self._fit = None
+        if len(self._queued) >= _FOLD_EVERY:
+            self._fold()
+
     def _fold(self) -> None:
         """Fold the queued steps into the decayed moments, oldest first: the same sums as one
         update per step (each step's weight is keep ** (steps observed after it))."""
@@ -438,12 +453,24 @@ class GainControl:
         row is priced at, and the step goes speculative. Without it a server that stopped
         drafting would price draft rows from plain steps alone and never see a draft row again
         to revise the price (measured at 32 greedy clients: every rated draft declined)."""
-        self._step += 1
+        self._advance_clock(1)
+
+    def _advance_clock(self, steps: int) -> None:
+        """`steps` calls of `begin_step` in one: the clock, and the last step's kind."""
+        self._step += steps
         self._costs = None
         self.calibrating = self._calibrates(self._step)
         # steps 15, 47, 79, ... for the default 32 (odd too)
         self.exploring = self.calibrate_every >= 4 and \
             self._step % self.calibrate_every == self.calibrate_every // 2 - 1
+
+    def _calibration_steps(self, start: int, steps: int) -> int:
+        """How many of steps start + 1 .. start + steps calibrate (`_calibrates`)."""
+        every = self.calibrate_every
+        if every <= 0:
+            return 0
+        # steps s <= n with s % every == every - 1 number (n + 1) // every
+        return (start + steps + 1) // every - (start + 1) // every
 
     def _calibrates(self, step: int) -> bool:
         """Whether step `step` is a calibration step (`begin_step`): steps 31, 63, 95, ... for the
@@ -552,11 +579,11 @@ class GainControl:
         stretch's catch-up was a sixth of the proposer's time. Exact while no request leaves its
         state within the steps, which `quiet_steps` promises; if one would, the calls run."""
         start = self._step
-        calibration = sum(self._calibrates(s) for s in range(start + 1, start + steps + 1))
+        calibration = self._calibration_steps(start, steps)
         if not all(self._stays_settled(record, seeded, start, steps, calibration) for record, seeded in settled):
             return self._settle_quiet_steps_one_by_one(settled, steps)
-        for _ in range(steps):
-            self.begin_step()
+        if steps:
+            self._advance_clock(steps)
         counts = dict.fromkeys(("stopped", "held", "calibration"), 0)
         for record, seeded in settled:
             # a seeded request does not sit calibration steps out: they count for it too
@@ -678,6 +705,11 @@ class GainControl:
                 record.probing, record.probed = False, True
                 interval = record.interval if record.interval is not None else self.probe_every
                 record.interval = self.probe_every if acc >= depth else min(2 * interval, self.max_probe_every)
+
+    def observe_plain_steps(self, seconds: Sequence[float], requests: int) -> None:
+        """`observe_step(s, requests, 0, requests)` for each of `seconds`, in one call
+        (`StepCost.observe_plain`)."""
+        self.cost.observe_plain(seconds, requests)
 
     def observe_step(self, seconds: float, requests: int, draft_rows: int, emitted: int,
                      drafting: int = 0, drafter_seconds: float = 0.0,

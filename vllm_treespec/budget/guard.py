@@ -25,6 +25,7 @@ caller leaves them alone). Pure Python: the caller feeds it each decode step and
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 # a test's windows: True = drafting allowed; ABBA order, twice
 _TEST_ORDER = (True, False, False, True, True, False, False, True)
@@ -99,6 +100,32 @@ class SpeculationGuard:
                 and not 0.5 < requests / max(self.verdict.batch, 1e-9) < 2.0:
             steps = min(steps, 2 * self.window - 1 - self._moved)
         return max(steps, 0)
+
+    def steady(self, periods: Sequence[float | None], tokens: int, requests: int) -> None:
+        """`step(period, tokens, requests)` for each of `periods` in order, in one update: the
+        same state (sums up to float rounding), for at most `steady_steps(requests)` of them, in
+        which nothing but the sums and counts moves. Why: a quiet stretch's steps are fed at its
+        end (engine/budget_control.py), and one `step` call each was most of that replay."""
+        k = len(periods)
+        if k > self.steady_steps(requests):
+            raise ValueError(f"{k} steps exceed the {self.steady_steps(requests)} steady ones")
+        if not k:
+            return
+        if self._test_step >= 0:
+            counted = [p for p in periods if p is not None and p > 0] if requests > 0 else []
+            if counted:
+                side = self._sums[self._last_allows]
+                side[0] += sum(counted)
+                side[1] += tokens * len(counted)
+                side[2] += len(counted)
+                self._requests += requests * len(counted)
+                self._batch_range = (min(self._batch_range[0], requests), max(self._batch_range[1], requests))
+            self._test_step += k
+            return
+        if self.verdict is not None and requests > 0:
+            moved = not 0.5 < requests / max(self.verdict.batch, 1e-9) < 2.0
+            self._moved = self._moved + k if moved else 0
+        self._hold_left -= k
 
     def _advance(self) -> None:
         if self._test_step < 0:

@@ -274,7 +274,7 @@ class BudgetControl:
         last, self._last_step_at = self._last_step_at, now
         seconds = now - started_at
         quiet.observed.append((self._gain_period(now, seconds), now - last if last is not None else None,
-                               len(quiet.req_ids), seconds))
+                               seconds))
         quiet.take_step()
         self.draft_seconds = 0.0
         self.last_propose_end = now
@@ -283,18 +283,21 @@ class BudgetControl:
         """What `take_quiet_step` kept: each step's cost for budget.gain (a decode step of one row
         per request, nothing drafted or verified), its period for the guard and its worker-step
         time for the statistics, as `observe_step` and the proposer would have observed them, in
-        order. The guard's verdict cannot change on them (`SpeculationGuard.steady_steps` bounds
-        the stretch)."""
+        order, each in one update (per step they were about a third of the full step that ended
+        the stretch, docs/never-slower.md section 4). The guard's verdict cannot change on them
+        (`SpeculationGuard.steady_steps` bounds the stretch), so `SpeculationGuard.steady` adds
+        them up."""
         quiet = self._quiet
         if quiet is None or not quiet.observed:
             return
         observed, quiet.observed = quiet.observed, []
+        n = len(quiet.req_ids)
+        gain_periods, guard_periods, seconds = zip(*observed)
         self.stats.plain_quiet_steps += len(observed)
-        for gain_period, guard_period, n, seconds in observed:
-            self.gain.observe_step(gain_period, n, 0, n)
-            if self.guard is not None:
-                self._guard_step(guard_period, n, [])
-            self.stats.observe_step(seconds)
+        self.gain.observe_plain_steps(gain_periods, n)
+        if self.guard is not None:
+            self.guard.steady(guard_periods, n, n)
+        self.stats.observe_steps(seconds)
 
     def end_quiet(self, requests: RequestTable) -> None:
         """Make the skipped steps' decisions and counts (what the `begin_step` and
@@ -591,9 +594,8 @@ class _QuietStretch:
     allows: bool                # the guard's verdict the stretch holds under (True without a guard)
     done: int = 0               # steps skipped so far, decided and counted by `end_quiet`
     # per step `take_quiet_step` took: (its period for budget.gain's cost, its period for the guard
-    # (None: none before it), decoding requests, its worker-step seconds), observed by
-    # `_replay_quiet_observations`
-    observed: list[tuple[float, float | None, int, float]] = field(default_factory=list)
+    # (None: none before it), its worker-step seconds), observed by `_replay_quiet_observations`
+    observed: list[tuple[float, float | None, float]] = field(default_factory=list)
 
     def take_step(self) -> None:
         """One more step skipped."""

@@ -249,6 +249,14 @@ class TreeMetrics:
         if time.monotonic() - self._flushed_at >= FLUSH_SECONDS:
             self.flush()
 
+    def observe_steps(self, seconds: Sequence[float]) -> None:
+        """`observe_step` for each of `seconds`."""
+        observe = self.step_seconds.observe
+        for s in seconds:
+            observe(s)
+        if time.monotonic() - self._flushed_at >= FLUSH_SECONDS:
+            self.flush()
+
     def observe_gain(self, counts: dict[str, int], costs: Sequence[float] | None,
                      coefficients: StepCoefficients | None) -> None:
         for decision, n in counts.items():

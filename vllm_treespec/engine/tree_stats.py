@@ -98,6 +98,13 @@ class TreeStats:
         self.steps += 1
         self.step_seconds += seconds
 
+    def observe_steps(self, seconds: Sequence[float]) -> None:
+        """`observe_step` for each of `seconds`, in one call (a quiet stretch's steps)."""
+        if self.metrics is not None:
+            self.metrics.observe_steps(seconds)
+        self.steps += len(seconds)
+        self.step_seconds += sum(seconds)
+
     def observe_budget_choice(self, nodes: int) -> None:
         """The budget policy's choice for a drafting step (before per-request caps)."""
         if self.metrics is not None:
