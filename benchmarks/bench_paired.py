@@ -44,6 +44,13 @@ own work inside the forward (an attention wrapper) counts as VM speed too, so a 
 removes such work reads worse, not better: judge those by the raw ratio. Where one side
 verifies many more rows (greedy speculation), it measures overhead per forward, not speedup.
 
+A treespec spec may end in `@plain-floor`: every step without scheduled drafts is then sampled as
+vLLM's plain step with none of the proposer's work (no quiet-stretch check, decision, drafting or
+bookkeeping; nobody ever drafts). Paired with the same spec without it, that prices the
+proposer's own per-step work on a sampled load apart from the plain-step path around it:
+    .venv/bin/python benchmarks/bench_paired.py --a lookup-online:24@plain-floor --b lookup-online:24 \
+        --temperature 0.7 --unseeded --unseen --num-prompts 32 --passes 3
+
 With --temperature T > 0 every request samples (seeded per prompt and pass, the same seeds on
 both sides; --unseeded sends no seed, as served traffic mostly does: treespec then has no
 per-request stream to keep, see engine/plain_sampling.py). Speculation keeps the target's distribution, not its random stream, so outputs are
@@ -67,8 +74,21 @@ from typing import Any
 VLLM_DRAFT = "fixture:draft-lm"     # the drafter of `vllm-draft:K` (the treespec draft-model preset's)
 
 
+PLAIN_FLOOR = "@plain-floor"
+
+
+def base_spec(spec: str) -> str:
+    """The config spec without its `@plain-floor` variant (module docstring)."""
+    return spec.removesuffix(PLAIN_FLOOR)
+
+
 def engine_kwargs(spec: str) -> dict[str, Any]:
     """LLM(...) keyword arguments of one config spec (see the module docstring)."""
+    if spec.endswith(PLAIN_FLOOR):
+        kwargs = engine_kwargs(base_spec(spec))
+        if "treespec" not in kwargs.get("additional_config", {}):
+            raise ValueError(f"config {spec!r}: {PLAIN_FLOOR} applies to treespec configs only")
+        return kwargs
     if spec == "off":
         return {}
     name, sep, k = spec.rpartition(":")
@@ -107,13 +127,29 @@ def resolved(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {**kwargs, "speculative_config": {**spec, "model": str(resolve_model_dir(spec["model"]))}}
 
 
+def _plain_floor() -> None:
+    """`@plain-floor` (module docstring): every plain step is taken as a quiet one, and a quiet
+    step does nothing but mark the step undrafted."""
+    from vllm_treespec.engine.proposer import TreeProposer
+
+    def take_quiet_step(self: Any, sampled_token_ids: Any) -> None:
+        self.drafted = False
+        self.step_started_at = None
+
+    TreeProposer.takes_quiet_step = lambda self, runner, scheduler_output: self.plain_step
+    TreeProposer.take_quiet_step = take_quiet_step
+
+
 def _serve(conn: Any, kwargs: dict[str, Any], model: str, max_tokens: int, temperature: float,
-           seeded: bool = True) -> None:
+           seeded: bool = True, plain_floor: bool = False) -> None:
     """Child process: one engine; answers (prompts, seeds) with (seconds, token ids per prompt,
     steps, forward seconds) until None. The prompts of one request are submitted together."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
+
+    if plain_floor:
+        _plain_floor()
 
     llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=1024, seed=0,
               **kwargs)
@@ -245,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     for spec in (ns.a, ns.b):               # started one after the other: never two warm-ups at once
         parent, child = ctx.Pipe()
         proc = ctx.Process(target=_serve, args=(child, resolved(engine_kwargs(spec)), model, ns.max_tokens,
-                                                     ns.temperature, not ns.unseeded),
+                                                     ns.temperature, not ns.unseeded, spec.endswith(PLAIN_FLOOR)),
                            daemon=True)
         proc.start()
         child.close()                       # the child's end lives in the child: its exit means EOF here

@@ -237,6 +237,27 @@ def test_bench_paired_config_specs():
     assert bench.engine_kwargs("lookup-trie-tree:8")["additional_config"] == {"treespec": "lookup-trie-tree"}
     assert bench.engine_kwargs("vllm-draft:4")["speculative_config"] == {
         "method": "draft_model", "model": "fixture:draft-lm", "num_speculative_tokens": 4}
+    # the plain-step floor variant: the same engine, the proposer's per-step work left out
+    assert bench.engine_kwargs("lookup-online:24@plain-floor") == bench.engine_kwargs("lookup-online:24")
+    with pytest.raises(ValueError, match="treespec configs only"):
+        bench.engine_kwargs("ngram:12@plain-floor")
+
+
+def test_bench_paired_plain_floor_takes_every_plain_step_as_an_empty_quiet_step(monkeypatch):
+    from types import SimpleNamespace
+
+    from vllm_treespec.engine.proposer import TreeProposer
+
+    bench = load_benchmark("bench_paired")
+    for name in ("takes_quiet_step", "take_quiet_step"):          # restored after the test
+        monkeypatch.setattr(TreeProposer, name, getattr(TreeProposer, name))
+    bench._plain_floor()
+    proposer = SimpleNamespace(plain_step=True, drafted=True, step_started_at=1.0)
+    assert TreeProposer.takes_quiet_step(proposer, None, None)
+    TreeProposer.take_quiet_step(proposer, [[1]])
+    assert not proposer.drafted and proposer.step_started_at is None
+    proposer.plain_step = False                                     # a step with drafts is not
+    assert not TreeProposer.takes_quiet_step(proposer, None, None)
 
 
 def test_bench_paired_drift_correction_cancels_the_vms_speed():
