@@ -277,3 +277,47 @@ def test_paired_ratio_is_the_median_batch_ratio():
     assert bm.paired_ratio(turns) == pytest.approx(1.0)        # lower middle of 0.5, 1.0, 1.2, 2.0
     assert bm.paired_ratio(turns[:3]) == pytest.approx(1.0)
     assert bm.paired_ratio([(5, 0.0, 5, 1.0)]) is None
+
+
+# -- bootstrap intervals of the drift-corrected cells (benchmarks/matrix_intervals.py) ----------
+
+def _record(ratio_by_turn: dict[str, list[float]], rounds: int = 2) -> dict:
+    """A bench_matrix record of one sampled cell whose configs' paired turns read the given
+    drift-corrected ratios (the same forward seconds on both sides; `off` 100 tokens in 1 s)."""
+    n = len(next(iter(ratio_by_turn.values())))
+    off = {"turn_tokens": [100] * n, "turn_seconds": [1.0] * n, "turn_forward_seconds": [0.5] * n}
+    configs = {"off": {"rounds": [off] * rounds}}
+    for label, ratios in ratio_by_turn.items():
+        configs[label] = {"rounds": [{"turn_tokens": [100] * n, "turn_seconds": [1.0 / r for r in ratios],
+                                      "turn_forward_seconds": [0.5] * n}] * rounds}
+    return {"benchmark": "bench_matrix", "cells": [{"regime": "T=0.7 c=1", "configs": configs}]}
+
+
+def test_matrix_intervals_resample_the_paired_turns_and_judge_against_the_bar():
+    mi = load_benchmark("matrix_intervals")
+    rng = __import__("random").Random(1)
+    same = [1.0 + rng.uniform(-0.01, 0.01) for _ in range(13)]
+    slow = [0.94 + rng.uniform(-0.01, 0.01) for _ in range(13)]
+    wide = [0.91 + 0.01 * i for i in range(13)]           # 0.91 .. 1.03 around the bar
+    rows = {r["config"]: r for r in mi.intervals([_record({"a": same, "b": slow, "c": wide})], bar=0.97)}
+    assert rows["a"]["turns"] == 26 and rows["a"]["verdict"] == "over"
+    assert rows["b"]["verdict"] == "under" and rows["b"]["high"] < 0.96
+    assert rows["c"]["verdict"] == "open" and rows["c"]["low"] < 0.97 <= rows["c"]["high"]
+    for r in rows.values():
+        assert r["low"] <= r["median"] <= r["high"]
+    # pooling reruns adds their turns; an interval of more turns is no wider here
+    pooled = {r["config"]: r for r in mi.intervals([_record({"c": wide})] * 4)}
+    assert pooled["c"]["turns"] == 104
+    assert pooled["c"]["high"] - pooled["c"]["low"] <= rows["c"]["high"] - rows["c"]["low"] + 1e-12
+
+
+def test_matrix_intervals_refuse_what_is_not_a_matrix_record(tmp_path, capsys):
+    mi = load_benchmark("matrix_intervals")
+    bad = tmp_path / "x.json"
+    bad.write_text(json.dumps({"benchmark": "bench_paired"}))
+    with pytest.raises(SystemExit):
+        mi.main([str(bad)])
+    assert "not a bench_matrix record" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        mi.main([str(bad), "--level", "1.5"])
+    assert "--level must lie between 0 and 1" in capsys.readouterr().err
