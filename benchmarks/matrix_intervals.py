@@ -1,6 +1,6 @@
 """Bootstrap intervals of a regime matrix's drift-corrected cells, from one record or several pooled.
 
-Why: a cell's drift-corrected ratio (`bench_matrix.py`) is the median of 6-16 paired turns, and
+Why: a sampled cell's drift-corrected ratio (`bench_matrix.py`) is the median of 3-16 paired turns, and
 an identical second `off` server reads 0.97-1.03 on it. Whether a preset's 0.965 lies under a
 0.97 bar or inside the instrument's spread takes the cell's own spread. This resamples each
 cell's paired turns with replacement (seeded) and reports the median's two-sided interval; the
@@ -63,10 +63,13 @@ def verdict(interval: tuple[float, float, float], bar: float) -> str:
 
 def intervals(records: Sequence[dict[str, Any]], bar: float = 0.97, level: float = 0.9
               ) -> list[dict[str, Any]]:
-    """Per cell (the first record's order) and config but the baseline: turns, median, interval
-    and verdict. Cells without forward seconds (greedy cells read the raw ratio) are skipped."""
+    """Per sampled cell (the first record's order) and config but the baseline: turns, median,
+    interval and verdict. Greedy cells are skipped: speculation changes the rows their forward
+    runs, so they read the raw ratio (bench_matrix.py), and so are cells without forward seconds."""
     rows = []
     for cell in records[0]["cells"]:
+        if not cell.get("temperature"):
+            continue
         for label in cell["configs"]:
             if label == BASELINE:
                 continue

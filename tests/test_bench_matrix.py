@@ -290,7 +290,8 @@ def _record(ratio_by_turn: dict[str, list[float]], rounds: int = 2) -> dict:
     for label, ratios in ratio_by_turn.items():
         configs[label] = {"rounds": [{"turn_tokens": [100] * n, "turn_seconds": [1.0 / r for r in ratios],
                                       "turn_forward_seconds": [0.5] * n}] * rounds}
-    return {"benchmark": "bench_matrix", "cells": [{"regime": "T=0.7 c=1", "configs": configs}]}
+    return {"benchmark": "bench_matrix", "cells": [{"regime": "T=0.7 c=1", "temperature": 0.7, "configs": configs},
+                                                   {"regime": "greedy c=1", "temperature": 0.0, "configs": configs}]}
 
 
 def test_matrix_intervals_resample_the_paired_turns_and_judge_against_the_bar():
@@ -299,7 +300,9 @@ def test_matrix_intervals_resample_the_paired_turns_and_judge_against_the_bar():
     same = [1.0 + rng.uniform(-0.01, 0.01) for _ in range(13)]
     slow = [0.94 + rng.uniform(-0.01, 0.01) for _ in range(13)]
     wide = [0.91 + 0.01 * i for i in range(13)]           # 0.91 .. 1.03 around the bar
-    rows = {r["config"]: r for r in mi.intervals([_record({"a": same, "b": slow, "c": wide})], bar=0.97)}
+    rows = mi.intervals([_record({"a": same, "b": slow, "c": wide})], bar=0.97)
+    assert {r["regime"] for r in rows} == {"T=0.7 c=1"}            # greedy cells read the raw ratio
+    rows = {r["config"]: r for r in rows}
     assert rows["a"]["turns"] == 26 and rows["a"]["verdict"] == "over"
     assert rows["b"]["verdict"] == "under" and rows["b"]["high"] < 0.96
     assert rows["c"]["verdict"] == "open" and rows["c"]["low"] < 0.97 <= rows["c"]["high"]
