@@ -399,6 +399,13 @@ def _quiet_run(quiet: bool, steps: int, seeds: tuple, monkeypatch, paused: range
 
     if not quiet:
         monkeypatch.setattr(BudgetControl, "_quiet_stretch", lambda self, *a: None)
+    if timed:
+        # these steps take microseconds, so the gap between them would read as idle
+        # (`_guard_period`): every period is counted here, as between served steps
+        from vllm_treespec.engine import budget_control
+
+        monkeypatch.setattr(budget_control, "_guard_period",
+                            lambda now, last, seconds: None if last is None else now - last)
     p = TreeProposer(_vllm_config(k=4, max_model_len=512, treespec={
         "drafter": {"type": "prompt_lookup"},
         "budget": {"gain": {"enabled": True, "probe_every": 4, "max_probe_every": 16, "calibrate_every": 8,
@@ -609,6 +616,36 @@ def test_kept_quiet_observations_come_before_the_next_steps_own(monkeypatch):
     assert seen[:2] == [0.001, 0.003] and len(seen) == 3 and times == [0.002, 0.004]
     assert guard_seen[:2] == [None, 0.005] and len(guard_seen) == 3
     assert p.budget._quiet.observed == []
+
+
+def test_the_guard_counts_no_period_that_spans_an_idle_gap(monkeypatch):
+    """A step after an idle gap (no request for a while) would charge the gap to one side of a
+    guard test: its period is not counted (None), in full steps and in a stretch's kept steps
+    alike; a step's ordinary period is."""
+    from vllm_treespec.budget.guard import SpeculationGuard
+    from vllm_treespec.engine import budget_control
+    from vllm_treespec.engine.budget_control import _QuietStretch
+    from vllm_treespec.engine.proposer import TreeProposer
+
+    assert budget_control._guard_period(10.0, None, 0.002) is None
+    assert budget_control._guard_period(10.0, 9.997, 0.002) == pytest.approx(0.003)
+    assert budget_control._guard_period(10.0, 9.5, 0.002) is None            # a 0.5 s gap
+    p = TreeProposer(_vllm_config(k=4, treespec={"drafter": {"type": "prompt_lookup"},
+                                                 "budget": {"gain": {"enabled": True}}}))
+    seen = []
+    step = SpeculationGuard.step
+    monkeypatch.setattr(SpeculationGuard, "step", lambda self, sec, *a: seen.append(sec) or step(self, sec, *a))
+    sched = _decode_sched(["a"], [[]])
+    p.budget.observe_step(sched, time.perf_counter() - 0.002)                 # no step before it
+    p.budget.observe_step(sched, time.perf_counter() - 0.002)                 # right after the last
+    p.budget._last_step_at -= 1.0                                             # then an idle second
+    p.budget.observe_step(sched, time.perf_counter() - 0.002)
+    assert seen[0] is None and seen[1] is not None and seen[1] < 0.5 and seen[2] is None
+    p.budget._quiet = _QuietStretch(["a"], [], [], steps=5, chosen=4, allows=True)
+    p.budget._last_step_at -= 1.0
+    p.budget.take_quiet_step(time.perf_counter() - 0.002)
+    p.budget.take_quiet_step(time.perf_counter() - 0.002)
+    assert p.budget._quiet.observed[0][1] is None and p.budget._quiet.observed[1][1] is not None
 
 
 def test_quiet_stretches_skip_the_per_step_work(monkeypatch):

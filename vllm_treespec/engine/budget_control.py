@@ -273,8 +273,7 @@ class BudgetControl:
         now = time.perf_counter()
         last, self._last_step_at = self._last_step_at, now
         seconds = now - started_at
-        quiet.observed.append((self._gain_period(now, seconds), now - last if last is not None else None,
-                               seconds))
+        quiet.observed.append((self._gain_period(now, seconds), _guard_period(now, last, seconds), seconds))
         quiet.take_step()
         self.draft_seconds = 0.0
         self.last_propose_end = now
@@ -542,7 +541,7 @@ class BudgetControl:
             draft_rows = sum(len(d) for d in scheduler_output.scheduled_spec_decode_tokens.values())
             decode = query > 0 and query == num_reqs + draft_rows
             if self.guard is not None:
-                self._guard_step(now - last if last is not None and decode else None, num_reqs, accepted)
+                self._guard_step(_guard_period(now, last, seconds) if decode else None, num_reqs, accepted)
             if decode:
                 self.gain.observe_step(self._gain_period(now, seconds), num_reqs, draft_rows,
                                        num_reqs + sum(accepted), drafting=sum(1 for b in budgets if b > 0),
@@ -601,6 +600,20 @@ class _QuietStretch:
         """One more step skipped."""
         self.steps -= 1
         self.done += 1
+
+
+def _guard_period(now: float, last: float | None, seconds: float) -> float | None:
+    """A step's whole period for the guard (from the last observed step to this one), or None
+    (not counted) when there is no last step or the period spans an idle gap (20 times the
+    step's own seconds or more, as budget.gain's `_gain_period` tells one). Why: a step after
+    an idle gap would charge the gap to whichever side of a guard test it fell in, so traffic
+    with gaps between requests flipped the guard's verdicts on nothing but the gaps (at one
+    sampled client that cost the default its margin over its plain-step floor,
+    docs/never-slower.md section 4)."""
+    if last is None:
+        return None
+    period = now - last
+    return period if period < 20 * seconds else None
 
 
 def _broadcast_from_first_rank(value: int) -> int:
