@@ -18,7 +18,9 @@ the batch size has stayed halved or doubled since the test for a while (the load
 it is gone). A test in which the batch size ranged wider than MAX_BATCH_SPREAD decides nothing
 (requests arrived or drained during it, so its sides saw different loads).
 
-Steps with prompt tokens are left out of the sums (their cost is not the decoding's). Seeded
+Steps with prompt tokens are left out of the sums (their cost is not the decoding's), and so is
+a step whose period spans an idle gap (the caller passes None for it: the gap is the traffic's,
+not the side's). Seeded
 sampled requests are not paused by it (their tokens must not depend on other traffic; the
 caller leaves them alone). Pure Python: the caller feeds it each decode step and reads `allows`.
 """
