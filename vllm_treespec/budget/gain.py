@@ -144,12 +144,8 @@ class StepCost:
             keep = 1.0 - self.forget
             self._overhead = self._overhead * keep + overhead
             self._overhead_weight = self._overhead_weight * keep + 1.0
-        self._queued.append((1.0, float(requests), float(draft_rows), 1.0 if draft_rows > 0 else 0.0,
-                             seconds - overhead, float(seconds), float(emitted)))
-        self.steps += 1
-        self._fit = None
-        if len(self._queued) >= _FOLD_EVERY:
-            self._fold()
+        self._queue([(1.0, float(requests), float(draft_rows), 1.0 if draft_rows > 0 else 0.0,
+                      seconds - overhead, float(seconds), float(emitted))])
 
     def observe_plain(self, seconds: Sequence[float], requests: int) -> None:
         """`observe(s, requests, 0, requests)` for each of `seconds` in order, in one call: decode
@@ -158,8 +154,12 @@ class StepCost:
             return
         r = float(requests)
         steps = [(1.0, r, 0.0, 0.0, s, s, r) for s in seconds if s > 0]
-        if not steps:
-            return
+        if steps:
+            self._queue(steps)
+
+    def _queue(self, steps: list[tuple[float, ...]]) -> None:
+        """Queue observed steps' terms (`_TERMS`), folded when a decision reads the fit or the
+        queue is long."""
         self._queued.extend(steps)
         self.steps += len(steps)
         self._fit = None

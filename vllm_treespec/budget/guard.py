@@ -82,8 +82,7 @@ class SpeculationGuard:
         elif self._test_step < 0 and self.verdict is not None and requests > 0:
             # the load that decided the verdict is gone once the batch has stayed halved or
             # doubled for a while (not a batch draining for a few steps)
-            moved = not 0.5 < requests / max(self.verdict.batch, 1e-9) < 2.0
-            self._moved = self._moved + 1 if moved else 0
+            self._moved = self._moved + 1 if self._load_moved(requests) else 0
             if self._moved >= 2 * self.window:
                 self._hold_left = 0
         self._advance()
@@ -98,8 +97,7 @@ class SpeculationGuard:
         if self._test_step >= 0:
             return self.window - 1 - self._test_step % self.window
         steps = self._hold_left
-        if self.verdict is not None and requests > 0 \
-                and not 0.5 < requests / max(self.verdict.batch, 1e-9) < 2.0:
+        if self.verdict is not None and requests > 0 and self._load_moved(requests):
             steps = min(steps, 2 * self.window - 1 - self._moved)
         return max(steps, 0)
 
@@ -125,9 +123,13 @@ class SpeculationGuard:
             self._test_step += k
             return
         if self.verdict is not None and requests > 0:
-            moved = not 0.5 < requests / max(self.verdict.batch, 1e-9) < 2.0
-            self._moved = self._moved + k if moved else 0
+            self._moved = self._moved + k if self._load_moved(requests) else 0
         self._hold_left -= k
+
+    def _load_moved(self, requests: int) -> bool:
+        """Whether `requests` decoding requests lie at half or double the verdict's batch or
+        beyond (the load that decided it may be gone; needs a verdict)."""
+        return not 0.5 < requests / max(self.verdict.batch, 1e-9) < 2.0
 
     def _advance(self) -> None:
         if self._test_step < 0:

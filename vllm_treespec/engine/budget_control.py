@@ -33,6 +33,10 @@ logger = init_logger(f"vllm.{__name__}")
 
 __all__ = ["BudgetControl"]
 
+# a step's period of this many times its own seconds or more spans an idle gap (no request for a
+# while), not the step: budget.gain prices the step by its own seconds then, the guard skips it
+IDLE_GAP_FACTOR = 20
+
 
 class BudgetControl:
     def __init__(self, config: TreespecConfig, num_speculative_tokens: int, stats: TreeStats,
@@ -557,7 +561,7 @@ class BudgetControl:
         proposers, and every server on CPU, without async scheduling); the step's own `seconds`
         when there was no last drafting call or it lies far back (an idle gap)."""
         period = now - self.last_propose_end if self.last_propose_end is not None else seconds
-        return period if period < 20 * seconds else seconds
+        return period if period < IDLE_GAP_FACTOR * seconds else seconds
 
     def _guard_step(self, period: float | None, num_reqs: int, accepted: list[int]) -> None:
         """Feed the guard one step: its whole period (drafting call to drafting call; None when
@@ -604,8 +608,8 @@ class _QuietStretch:
 
 def _guard_period(now: float, last: float | None, seconds: float) -> float | None:
     """A step's whole period for the guard (from the last observed step to this one), or None
-    (not counted) when there is no last step or the period spans an idle gap (20 times the
-    step's own seconds or more, as budget.gain's `_gain_period` tells one). Why: a step after
+    (not counted) when there is no last step or the period spans an idle gap
+    (`IDLE_GAP_FACTOR`, as budget.gain's `_gain_period` tells one). Why: a step after
     an idle gap would charge the gap to whichever side of a guard test it fell in, so traffic
     with gaps between requests flipped the guard's verdicts on nothing but the gaps (at one
     sampled client that cost the default its margin over its plain-step floor,
@@ -613,7 +617,7 @@ def _guard_period(now: float, last: float | None, seconds: float) -> float | Non
     if last is None:
         return None
     period = now - last
-    return period if period < 20 * seconds else None
+    return period if period < IDLE_GAP_FACTOR * seconds else None
 
 
 def _broadcast_from_first_rank(value: int) -> int:

@@ -246,14 +246,17 @@ class TreeMetrics:
     def observe_step(self, seconds: float) -> None:
         """Once per worker step: also where a busy worker flushes."""
         self.step_seconds.observe(seconds)
-        if time.monotonic() - self._flushed_at >= FLUSH_SECONDS:
-            self.flush()
+        self._flush_if_due()
 
     def observe_steps(self, seconds: Sequence[float]) -> None:
         """`observe_step` for each of `seconds`."""
         observe = self.step_seconds.observe
         for s in seconds:
             observe(s)
+        self._flush_if_due()
+
+    def _flush_if_due(self) -> None:
+        """Flush when the last flush lies FLUSH_SECONDS back (a busy worker's bound on staleness)."""
         if time.monotonic() - self._flushed_at >= FLUSH_SECONDS:
             self.flush()
 
