@@ -1,7 +1,7 @@
 """Load-dependent budgets end to end (budget.mode table and auto): greedy outputs equal
 speculation off; a table giving one request 6 nodes and two or more requests 0 drafts at
-concurrency 1 and decodes plainly (no tree verified, no drafter call) when 8 requests decode
-together; auto mode profiles the verify cost at startup, learns from served steps and stays lossless;
+concurrency 1 and decodes plainly (no tree verified, no drafter call; its steps a quiet
+stretch's, sampled as vLLM's plain steps) when 8 requests decode together; auto mode profiles the verify cost at startup, learns from served steps and stays lossless;
 budget.reach_floor caps drafts from the acceptance it measures and stays lossless."""
 from __future__ import annotations
 
@@ -61,6 +61,9 @@ def test_table_drafts_alone_and_decodes_plainly_under_load(runs):
     assert 4 < alone["mean_budget"] < 6
     # the first decode step can see a single request before the others join the batch
     assert loaded["verified_trees"] <= 1 and loaded["mean_budget"] < 0.5
+    # under load the table's 0 nodes make the batch's steps a quiet stretch (no budget.gain:
+    # BudgetControl._unbudgeted_stretch), which vLLM samples as plain steps
+    assert loaded["plain_quiet_steps"] > 20 and alone["plain_quiet_steps"] == 0
 
 
 @pytest.mark.parametrize("concurrency", [1, 8])

@@ -853,3 +853,69 @@ def test_shadow_probes_settled_together_learn_as_one_by_one(monkeypatch):
         assert np.array_equal(got.reach.reached, want.reach.reached) and got.reach.cap == want.reach.cap
         assert np.array_equal(got.gain.acceptance.accepted, want.gain.acceptance.accepted)
         assert (got.gain.interval, got.gain.probed) == (want.gain.interval, want.gain.probed)
+
+
+def _unbudgeted_run(quiet: bool, steps: int, budget: dict, monkeypatch) -> tuple:
+    """A proposer without budget.gain over a fixed batch of two sampled requests (one seeded),
+    `steps` steps called as the runner would (`_runner_step`), with or without quiet stretches.
+    Returns each step's drafts, the statistics, the number of full steps and the proposer."""
+    from vllm import SamplingParams
+
+    from vllm_treespec.engine.budget_control import BudgetControl
+    from vllm_treespec.engine.proposer import TreeProposer
+
+    if not quiet:
+        monkeypatch.setattr(BudgetControl, "_unbudgeted_stretch", lambda self, *a: None)
+    full = []
+    caps = BudgetControl.caps
+    monkeypatch.setattr(BudgetControl, "caps", lambda self, *a: full.append(1) or caps(self, *a))
+    p = TreeProposer(_vllm_config(k=4, max_model_len=512, treespec={"drafter": {"type": "prompt_lookup"},
+                                                                    "budget": budget}))
+    ids = ["r0", "r1"]
+    text = [5, 6, 7, 8] * 3                  # prompt lookup would draft, given a node
+    runner = _runner([text] * 2, ids, width=512)
+    runner.requests = {r: SimpleNamespace(sampling_params=SamplingParams(temperature=0.8, seed=seed),
+                                          output_token_ids=[1], num_prompt_tokens=4)
+                       for r, seed in zip(ids, (None, 7))}
+    drafts = []
+    for step in range(steps):
+        p.step_started_at = time.perf_counter()
+        drafts.append(_runner_step(p, runner, _decode_sched(ids, [[], []]), [[1], [1]]))
+        p.budget.observe_step(_decode_sched(ids, [[], []]), p.step_started_at)
+        runner.input_batch.num_tokens_no_spec[:2] += 1
+        runner.input_batch.token_ids_cpu[:2, len(text) + step] = 1
+    p.on_requests_finished(["r0"])           # ends a stretch: its counts are made then
+    s = p.stats
+    stats = (s.step_kinds, s.budget_choices, s.draft_steps, s.budget_count, s.steps,
+             p.requests["r1"].steps, p.requests["r1"].budget_given)
+    return drafts, stats, len(full), p
+
+
+ZERO_TABLE = {"mode": "table", "table": [{"batch": [1, None], "nodes": 0}]}
+
+
+@pytest.mark.parametrize("budget", [ZERO_TABLE, {"mode": "table", "table": [
+    {"batch": [1, 1], "nodes": 4}, {"batch": [2, None], "nodes": 0}]}])
+def test_a_zero_budget_without_gain_runs_quiet_stretches_that_count_as_every_step_would(budget, monkeypatch):
+    """Drafting configured off (a table's 0 nodes at the batch's size, no budget.gain): the
+    proposer skips its per-step work in a quiet stretch, vLLM samples those steps as plain
+    steps, and the drafts and every count come out as when each step runs in full."""
+    with monkeypatch.context() as m:
+        plain = _unbudgeted_run(False, 300, budget, m)
+    quiet = _unbudgeted_run(True, 300, budget, monkeypatch)
+    assert quiet[:2] == plain[:2]
+    assert all(d == [[], []] for d in quiet[0])
+    assert plain[2] == 300 and quiet[2] <= 3          # stretches of up to 256 steps
+    assert quiet[1][0] == {"no drafts": 300} and quiet[1][1] == {0: 300}
+    assert quiet[3].stats.plain_quiet_steps >= 290
+
+
+@pytest.mark.parametrize("budget", [
+    {"mode": "table", "table": [{"batch": [1, None], "context": [0, 100], "nodes": 0},
+                                {"batch": [1, None], "context": [101, None], "nodes": 4}]},
+    {"mode": "table", "table": [{"batch": [1, None], "nodes": 4}]}])
+def test_no_quiet_stretch_without_gain_where_the_budget_may_draft(budget, monkeypatch):
+    """A table that reads the context length may give nodes again as requests grow, and a
+    budget above 0 drafts: every step runs in full."""
+    run = _unbudgeted_run(True, 40, budget, monkeypatch)
+    assert run[2] == 40 and run[3].stats.plain_quiet_steps == 0

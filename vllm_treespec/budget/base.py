@@ -48,6 +48,9 @@ class BudgetPolicy:
     """
     mode: str = "base"
     learns: bool = False      # whether `observe` changes later choices (else callers may skip it)
+    # whether `choose` reads the batch size alone (not the context length, not what it learned):
+    # then a batch that stays the same keeps its choice (engine/budget_control.py's quiet stretch)
+    chooses_by_batch_size: bool = False
 
     def __init__(self, max_nodes: int) -> None:
         self.max_nodes = int(max_nodes)
@@ -77,6 +80,7 @@ class BudgetPolicy:
 class FixedBudget(BudgetPolicy):
     """Today's behaviour (`budget.mode: fixed`): the same budget every step, whatever the load."""
     mode = "fixed"
+    chooses_by_batch_size = True
 
     def __init__(self, nodes: int) -> None:
         if nodes < 0:

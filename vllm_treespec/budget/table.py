@@ -72,6 +72,7 @@ class TableBudget(BudgetPolicy):
                          MappingProxyType(dict(r.builder_params)))
             for r in self.rules)
         self._uses_context = any(r.context != (0, None) for r in self.rules)
+        self.chooses_by_batch_size = not self._uses_context
         super().__init__(max(c.nodes for c in self._choices))
 
     def lookup(self, batch_size: int, context_len: int = 0) -> BudgetChoice:

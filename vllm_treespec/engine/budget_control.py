@@ -36,6 +36,9 @@ __all__ = ["BudgetControl"]
 # a step's period of this many times its own seconds or more spans an idle gap (no request for a
 # while), not the step: budget.gain prices the step by its own seconds then, the guard skips it
 IDLE_GAP_FACTOR = 20
+# the longest quiet stretch without budget.gain (`BudgetControl._unbudgeted_stretch`): its steps
+# are counted in the statistics when it ends
+UNBUDGETED_STRETCH_STEPS = 256
 
 
 class BudgetControl:
@@ -205,9 +208,12 @@ class BudgetControl:
         their per-request bookkeeping, a few microseconds hot, was most of what an idle
         speculative server spent beyond vLLM's own step with its caches cold
         (docs/never-slower.md section 4). Only under a fixed budget policy (its choice cannot
-        change within the stretch) and a drafter that needs no call per step."""
+        change within the stretch) and a drafter that needs no call per step. Without
+        budget.gain: `_unbudgeted_stretch`."""
         n = len(req_ids)
-        if self.gain is None or not n or len(decided) + len(paused_rows) != n or rated or shadow \
+        if self.gain is None:
+            return self._unbudgeted_stretch(requests, req_ids, lengths, decoding, chosen)
+        if not n or len(decided) + len(paused_rows) != n or rated or shadow \
                 or self._shadows or self.policy.mode != "fixed" or not chosen or not all(decoding) \
                 or self._every_step or any(d is not None and d.nodes > 0 for d in decided.values()):
             return None
@@ -233,6 +239,26 @@ class BudgetControl:
             if steps <= 0:
                 return None
         return _QuietStretch(list(req_ids), members, settled, steps, chosen, allows)
+
+    def _unbudgeted_stretch(self, requests: RequestTable, req_ids: Sequence[str], lengths: Sequence[int],
+                            decoding: Sequence[bool], chosen: int) -> _QuietStretch | None:
+        """Without budget.gain, a quiet stretch where the budget policy gives the batch no node
+        (a fixed 0, or a table's 0 at this batch size) and chooses by the batch's size alone
+        (`BudgetPolicy.chooses_by_batch_size`), which the stretch keeps: nobody drafts while the
+        batch stays the same. Why: drafting configured off must cost what a plain step costs
+        (the free-idle pair, docs/never-slower.md section 1), and the proposer's full step was
+        2-3% of an idle sampled step on the dev VM. At most `UNBUDGETED_STRETCH_STEPS` steps, so
+        that the steps' statistics are counted every so often."""
+        n = len(req_ids)
+        if chosen or not n or not all(decoding) or self._every_step or not self.policy.chooses_by_batch_size:
+            return None
+        members = [requests.get(r) for r in req_ids]
+        if any(st is None for st in members):
+            return None
+        steps = min(UNBUDGETED_STRETCH_STEPS, self.max_model_len - max(lengths) - 1)
+        if steps <= 0:
+            return None
+        return _QuietStretch(list(req_ids), members, [], steps, chosen, True)
 
     def _continues_stretch(self, req_ids: Sequence[str]) -> bool:
         """Whether the quiet stretch (`_quiet_stretch`) may go on into this step: steps left, the
@@ -297,7 +323,8 @@ class BudgetControl:
         n = len(quiet.req_ids)
         gain_periods, guard_periods, seconds = zip(*observed)
         self.stats.plain_quiet_steps += len(observed)
-        self.gain.observe_plain_steps(gain_periods, n)
+        if self.gain is not None:
+            self.gain.observe_plain_steps(gain_periods, n)
         if self.guard is not None:
             self.guard.steady(guard_periods, n, n)
         self.stats.observe_steps(seconds)
@@ -313,7 +340,7 @@ class BudgetControl:
         if quiet is None or not quiet.done:
             return
         counts, calibration_steps = self.gain.settle_quiet_steps(
-            [(st.gain, st.seeded_sampled) for st in quiet.settled], quiet.done)
+            [(st.gain, st.seeded_sampled) for st in quiet.settled], quiet.done) if self.gain is not None else ({}, 0)
         for st in quiet.members:
             st.steps += quiet.done
         self.stats.observe_quiet_steps(quiet.done, len(quiet.members), calibration_steps, quiet.chosen, counts,
