@@ -1,8 +1,9 @@
 """Load-dependent budgets end to end (budget.mode table and auto): greedy outputs equal
 speculation off; a table giving one request 6 nodes and two or more requests 0 drafts at
 concurrency 1 and decodes plainly (no tree verified, no drafter call; its steps a quiet
-stretch's, sampled as vLLM's plain steps) when 8 requests decode together; auto mode profiles the verify cost at startup, learns from served steps and stays lossless;
-budget.reach_floor caps drafts from the acceptance it measures and stays lossless."""
+stretch's, sampled as vLLM's plain steps) when 8 requests decode together; auto mode profiles
+the verify cost at startup, learns from served steps and stays lossless; budget.reach_floor
+caps drafts from the acceptance it measures and stays lossless."""
 from __future__ import annotations
 
 import pytest

@@ -339,8 +339,11 @@ class BudgetControl:
         quiet, self._quiet = self._quiet, None
         if quiet is None or not quiet.done:
             return
-        counts, calibration_steps = self.gain.settle_quiet_steps(
-            [(st.gain, st.seeded_sampled) for st in quiet.settled], quiet.done) if self.gain is not None else ({}, 0)
+        if self.gain is None:           # a zero budget's stretch (`_unbudgeted_stretch`): no decisions
+            counts, calibration_steps = {}, 0
+        else:
+            counts, calibration_steps = self.gain.settle_quiet_steps(
+                [(st.gain, st.seeded_sampled) for st in quiet.settled], quiet.done)
         for st in quiet.members:
             st.steps += quiet.done
         self.stats.observe_quiet_steps(quiet.done, len(quiet.members), calibration_steps, quiet.chosen, counts,
