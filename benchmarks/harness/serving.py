@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence, Union
 
 HOST = "127.0.0.1"
 # Flags every CPU run here needs: fp32 (the CPU backend's reliable dtype), no graph capture, a
@@ -223,12 +223,14 @@ def _served_model_name(base_url: str) -> str | None:
 
 @dataclass
 class RequestResult:
-    """One completion: its output (token ids when the server returns them), size and latency."""
+    """One completion: its output (token ids when the server returns them), size and latency;
+    chat requests also return the token ids of the prompt the chat template rendered."""
     index: int
     text: str
     token_ids: list[int] | None
     output_tokens: int
     latency_s: float
+    prompt_token_ids: list[int] | None = None
 
     def output_key(self) -> tuple | str:
         """What exact-match compares: token ids if present, else the text."""
@@ -255,13 +257,33 @@ class LoadResult:
         return [r.latency_s for r in self.requests]
 
 
-def complete(base_url: str, model: str, prompt: str, *, max_tokens: int, temperature: float = 0.0,
-             ignore_eos: bool = True, timeout_s: float = 600.0, index: int = 0) -> RequestResult:
-    """One `/v1/completions` request, timed from send to full response."""
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
-            "ignore_eos": ignore_eos, "return_token_ids": True}
+# A prompt is a completion prompt (text) or a chat request: anything with `.messages`
+# (benchmarks/chat_prompts.py ChatPrompt) or the messages list itself.
+Prompt = Union[str, Sequence[dict], Any]
+
+
+def chat_messages(prompt: Prompt) -> list[dict] | None:
+    """The chat messages of a prompt, None for a text (completion) prompt."""
+    if isinstance(prompt, str):
+        return None
+    messages = getattr(prompt, "messages", prompt)
+    return [dict(m) for m in messages]
+
+
+def complete(base_url: str, model: str, prompt: Prompt, *, max_tokens: int, temperature: float = 0.0,
+             ignore_eos: bool = True, timeout_s: float = 600.0, index: int = 0,
+             extra: dict | None = None) -> RequestResult:
+    """One `/v1/completions` request (text prompt) or `/v1/chat/completions` request (chat
+    prompt), timed from send to full response. `extra` joins the request body."""
+    messages = chat_messages(prompt)
+    body = {"model": model, "max_tokens": max_tokens, "temperature": temperature,
+            "ignore_eos": ignore_eos, "return_token_ids": True, **(extra or {})}
+    if messages is None:
+        body["prompt"] = prompt
+    else:
+        body["messages"] = messages
     t0 = time.perf_counter()
-    resp = _post_json(base_url + "/v1/completions", body, timeout_s)
+    resp = _post_json(base_url + ("/v1/completions" if messages is None else "/v1/chat/completions"), body, timeout_s)
     latency = time.perf_counter() - t0
     choice = resp["choices"][0]
     token_ids = choice.get("token_ids")
@@ -269,15 +291,19 @@ def complete(base_url: str, model: str, prompt: str, *, max_tokens: int, tempera
     n_out = usage.get("completion_tokens")
     if n_out is None:
         n_out = len(token_ids) if token_ids is not None else 0
-    return RequestResult(index=index, text=choice.get("text", ""),
+    text = choice.get("text", "") if messages is None else ((choice.get("message") or {}).get("content") or "")
+    prompt_ids = resp.get("prompt_token_ids") or choice.get("prompt_token_ids")
+    return RequestResult(index=index, text=text,
                          token_ids=list(token_ids) if token_ids is not None else None,
-                         output_tokens=int(n_out), latency_s=latency)
+                         output_tokens=int(n_out), latency_s=latency,
+                         prompt_token_ids=list(prompt_ids) if prompt_ids is not None else None)
 
 
-def run_load(server_or_url: Server | str, prompts: Sequence[str], *, max_tokens: int,
+def run_load(server_or_url: Server | str, prompts: Sequence[Prompt], *, max_tokens: int,
              concurrency: int = 1, model: str | None = None, temperature: float = 0.0,
              ignore_eos: bool = True, timeout_s: float = 600.0) -> LoadResult:
-    """Send `prompts` with at most `concurrency` in flight (closed loop); results in prompt order."""
+    """Send `prompts` (text or chat, `complete`) with at most `concurrency` in flight (closed
+    loop); results in prompt order."""
     if isinstance(server_or_url, Server):
         base_url, model = server_or_url.base_url, model or server_or_url.model
     else:
