@@ -1,17 +1,20 @@
 # The two commands that do everything on a fresh machine:
-#   make demo   serve the code-LM fixture with and without tree speculation, print the speedup
+#   make demo   serve SmolLM2-135M-Instruct with and without tree speculation, print the speedup
 #   make test   run the test suite
 VENV ?= $(CURDIR)/.venv
 export TREESPEC_VENV := $(VENV)
 PYTEST_ARGS ?=
 
-.PHONY: demo test env bench clean
+.PHONY: demo demo-code-lm test env bench clean
 
 env:
 	@bash scripts/bootstrap.sh
 
 demo: env
 	$(VENV)/bin/python benchmarks/demo.py
+
+demo-code-lm: env
+	$(VENV)/bin/python benchmarks/demo.py --target code-lm
 
 test: env
 	$(VENV)/bin/python -m pytest -q -ra --durations=25 $(PYTEST_ARGS)

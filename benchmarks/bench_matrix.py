@@ -439,9 +439,12 @@ def server_dtype(server: Any) -> str | None:
     return m.group(1) if m else None
 
 
-def explain_mismatch(server: Any, prompt: str, off_ids: list[int], spec_ids: list[int]) -> dict[str, Any]:
+def explain_mismatch(server: Any, prompt: Any, off_ids: list[int], spec_ids: list[int],
+                     prompt_ids: list[int] | None = None) -> dict[str, Any]:
     """Why a greedy output left `off`'s: the `off` server's logprobs at the first difference,
-    given exactly the prompt's tokens + the common prefix (a token-id prompt)."""
+    given exactly the prompt's tokens + the common prefix (a token-id prompt). `prompt_ids`: the
+    prompt's token ids as the server rendered them (chat requests return them); a text prompt
+    without them is tokenized by the server."""
     from harness.serving import _post_json
 
     pos = first_difference(off_ids, spec_ids)
@@ -452,7 +455,9 @@ def explain_mismatch(server: Any, prompt: str, off_ids: list[int], spec_ids: lis
     off_tok, spec_tok = off_ids[pos], spec_ids[pos]
     out.update(off_token=off_tok, spec_token=spec_tok)
     try:
-        prompt_ids = _post_json(server.base_url + "/tokenize", {"model": server.model, "prompt": prompt}, 60)["tokens"]
+        if prompt_ids is None:
+            prompt_ids = _post_json(server.base_url + "/tokenize", {"model": server.model, "prompt": prompt},
+                                    60)["tokens"]
         body = {"model": server.model, "prompt": list(prompt_ids) + list(off_ids[:pos]), "max_tokens": 1,
                 "temperature": 0.0, "ignore_eos": True, "logprobs": 2, "return_tokens_as_token_ids": True}
         choice = _post_json(server.base_url + "/v1/completions", body, 120)["choices"][0]
@@ -492,7 +497,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"{SPEC_FORMS} (default: {' '.join(DEFAULT_CONFIGS)})")
     p.add_argument("--num-prompts", type=int, nargs="+", default=[64],
                    help="prompts per regime cell: one value, or one per --concurrency value")
-    p.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (ignore_eos)")
+    p.add_argument("--max-tokens", type=int, default=128, help="most output tokens per request")
+    p.add_argument("--prompts", choices=("auto", "code", "chat"), default="auto",
+                   help="code: unseen code completions (/v1/completions, unseen_prompts.py); chat: MT-Bench "
+                        "and HumanEval chat requests (/v1/chat/completions, chat_prompts.py); auto: chat for "
+                        "a model with a chat template (smollm2-135m), code otherwise")
+    p.add_argument("--ignore-eos", choices=("auto", "yes", "no"), default="auto",
+                   help="yes: every request emits exactly --max-tokens; no: answers end at EOS as a user "
+                        "sees them; auto: yes for code prompts, no for chat")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7, 1.0])
     p.add_argument("--waves", type=int, nargs="+", default=[2],
@@ -540,11 +552,53 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ns
 
 
+def prompt_kind(choice: str, model_dir: Path) -> str:
+    """`--prompts auto`: chat for a model whose tokenizer has a chat template, code otherwise."""
+    if choice != "auto":
+        return choice
+    try:
+        cfg = json.loads((Path(model_dir) / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return "code"
+    return "chat" if cfg.get("chat_template") else "code"
+
+
+def build_prompt_sets(kind: str, set_sizes: Sequence[int], n_warm: int, seed: int
+                      ) -> tuple[list[list[Any]], list[Any], dict[str, Any]]:
+    """(one prompt list per set, warm-up prompts, what the record says of them). Code prompts are
+    unseen function heads, fresh in every set; chat prompts (244 in all) are consecutive windows
+    of one shuffled pool, wrapping around when a run needs more (the record counts the repeats)."""
+    if kind == "code":
+        from unseen_prompts import build_prompts, describe
+
+        pool = build_prompts(sum(set_sizes) + n_warm, seed=seed)
+        starts = [sum(set_sizes[:i]) for i in range(len(set_sizes))]
+        sets = [[p.text for p in pool[a:a + n]] for a, n in zip(starts, set_sizes)]
+        return sets, [p.text for p in pool[-n_warm:]], {
+            **describe(pool, seed), "kind": "code", "ids": [f"{p.path}:{p.lineno}" for p in pool]}
+    from chat_prompts import chat_pool, describe as describe_chat, prompt_sets
+
+    pool = chat_pool(seed)
+    warmup, rest = pool[-n_warm:], pool[:-n_warm]
+    sets, repeats = prompt_sets(rest, set_sizes)
+    return sets, warmup, {**describe_chat(pool, seed), "repeated_prompts": repeats,
+                          "ids": [[p.id for p in s] for s in sets]}
+
+
+def prompts_digest(kind: str, prompts: Sequence[Any]) -> str:
+    if kind == "code":
+        from unseen_prompts import prompts_sha256
+
+        return prompts_sha256(list(prompts))
+    from chat_prompts import prompts_sha256 as chat_sha256
+
+    return chat_sha256(prompts)
+
+
 def main(argv: list[str] | None = None) -> int:
     from contextlib import ExitStack
 
     from bench_serving import resolve_model
-    from unseen_prompts import build_prompts, describe, prompts_sha256
     from treespec_fixtures.prebuild import prebuild_engine_fixtures
     from harness.report import hardware_info, hardware_line, software_info
     from harness.forward_clock import clock_env, new_clock, read_slots, slot_deltas
@@ -575,11 +629,10 @@ def main(argv: list[str] | None = None) -> int:
     set_sizes = ([max(ns.prompts_for.values())] if ns.shared_prompts
                  else [ns.prompts_for[r.concurrency] for _ in range(ns.rounds) for r in cells_spec])
     n_warm = max(ns.concurrency)
-    _log(f"building {sum(set_sizes) + n_warm} unseen prompts ...")
-    pool = build_prompts(sum(set_sizes) + n_warm, seed=ns.seed)
-    warmup = [p.text for p in pool[-n_warm:]]
-    starts = [sum(set_sizes[:i]) for i in range(len(set_sizes))]
-    sets = [[p.text for p in pool[a:a + n]] for a, n in zip(starts, set_sizes)]
+    kind = prompt_kind(ns.prompts, model_dir)
+    ignore_eos = ns.ignore_eos == "yes" or (ns.ignore_eos == "auto" and kind == "code")
+    _log(f"building {sum(set_sizes) + n_warm} {kind} prompts ...")
+    sets, warmup, prompts_record = build_prompt_sets(kind, set_sizes, n_warm, ns.seed)
     n_sets = len(sets)
     turns_total = ns.rounds * len(configs) * sum(
         len(batches(ns.prompts_for[r.concurrency], r.concurrency, ns.waves_for[r.concurrency])) for r in cells_spec)
@@ -607,7 +660,8 @@ def main(argv: list[str] | None = None) -> int:
             os.sched_setaffinity(0, servers_info[0]["cores"]["frontend"])
         for c, s, info in zip(configs, servers, servers_info):
             for t in sorted(set(ns.temperatures)):
-                run_load(s, warmup, max_tokens=WARMUP_MAX_TOKENS, concurrency=n_warm, temperature=t)
+                run_load(s, warmup, max_tokens=WARMUP_MAX_TOKENS, concurrency=n_warm, temperature=t,
+                         ignore_eos=ignore_eos)
             time.sleep(ns.idle_gap)
             info["rss_mib_after_warmup"] = server_rss_mib(s)
         _log("servers: " + ", ".join(f"{i['label']} {i['dtype']} {i['rss_mib_after_warmup']} MiB"
@@ -621,6 +675,7 @@ def main(argv: list[str] | None = None) -> int:
                 before = [scrape_spec_metrics(s) for s in servers]
                 time.sleep(ns.idle_gap)
                 outputs: list[list[Any]] = [[None] * len(prompts) for _ in configs]
+                prompt_ids: list[Any] = [None] * len(prompts)
                 secs: list[list[float]] = [[] for _ in configs]
                 fwd: list[list[float]] = [[] for _ in configs]
                 turn_parts: list[list[dict[str, list[float]]]] = [[] for _ in configs]
@@ -630,7 +685,8 @@ def main(argv: list[str] | None = None) -> int:
                     for j in turn_order(len(configs), turn):
                         clock_before = read_slots(clocks[j])
                         load = run_load(servers[j], [prompts[i] for i in batch], max_tokens=ns.max_tokens,
-                                        concurrency=reg.concurrency, temperature=reg.temperature)
+                                        concurrency=reg.concurrency, temperature=reg.temperature,
+                                        ignore_eos=ignore_eos)
                         secs[j].append(load.wall_s)
                         parts = slot_deltas(read_slots(clocks[j]), clock_before)
                         fwd[j].append(parts["forward"][0])
@@ -639,6 +695,8 @@ def main(argv: list[str] | None = None) -> int:
                         toks[j] += load.output_tokens
                         for i, r in zip(batch, load.requests):
                             outputs[j][i] = r.token_ids
+                            if j == 0:
+                                prompt_ids[i] = r.prompt_token_ids
                         time.sleep(ns.idle_gap)
                     turn += 1
                 deltas = [scrape_spec_metrics(s) - b for s, b in zip(servers, before)]
@@ -653,12 +711,13 @@ def main(argv: list[str] | None = None) -> int:
                              "drafts": d.drafts if d.present else None,
                              "draft_tokens": d.draft_tokens if d.present else None,
                              "accepted_tokens": d.accepted if d.present else None,
-                             "prompts_sha256": prompts_sha256(prompts)}
+                             "prompts_sha256": prompts_digest(kind, prompts)}
                     if reg.greedy and j > 0:
                         equal = sum(a == b for a, b in zip(outputs[j], outputs[0]))
                         entry["equal"] = [equal, len(prompts)]
                         entry["mismatches"] = [
-                            {"prompt_index": i, **explain_mismatch(off, prompts[i], outputs[0][i], outputs[j][i])}
+                            {"prompt_index": i, **explain_mismatch(off, prompts[i], outputs[0][i], outputs[j][i],
+                                                             prompt_ids[i])}
                             for i in range(len(prompts)) if outputs[j][i] != outputs[0][i]]
                     cell[c.label] = entry
                 if any(e.get("mismatches") for e in cell.values()):
@@ -726,7 +785,7 @@ def main(argv: list[str] | None = None) -> int:
                      "max_tokens": ns.max_tokens, "concurrencies": ns.concurrency,
                      "temperatures": ns.temperatures, "rounds": ns.rounds, "idle_gap_s": ns.idle_gap,
                      "pin_frontend": ns.pin_frontend,
-                     "seed": ns.seed, "shared_prompts": ns.shared_prompts, "ignore_eos": True,
+                     "seed": ns.seed, "shared_prompts": ns.shared_prompts, "ignore_eos": ignore_eos,
                      "waves": _one_or_per_concurrency(ns.waves_for),
                      "batch_rule": "max(8, waves x concurrency), at most num_prompts; order rotates by one per batch",
                      "warmup": {"prompts": n_warm, "max_tokens": WARMUP_MAX_TOKENS,
@@ -742,8 +801,7 @@ def main(argv: list[str] | None = None) -> int:
                               "execute/sample, engine core schedule/update/step/post-step, API server "
                               "output processing; harness/forward_clock.py) per second of the same "
                               "server's forward and per output token"},
-        "prompts": {**describe(pool, ns.seed), "sets": n_sets, "warmup_prompts": n_warm,
-                    "ids": [f"{p.path}:{p.lineno}" for p in pool]},
+        "prompts": {**prompts_record, "sets": n_sets, "warmup_prompts": n_warm},
         "cells": cells,
         "ratio_table_markdown": ratio_md,
         "tau_table_markdown": tau_md,
@@ -759,7 +817,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\nspeedup vs off (median over batches of paired tokens/s ratios, {ns.rounds} round(s)); "
           f"model {model_dir.name}, "
-          f"{_prompts_line(ns)} (unseen) x {ns.max_tokens} tokens per cell\n")
+          f"{_prompts_line(ns)} ({kind}) x {ns.max_tokens} tokens per cell\n")
     print(ratio_md)
     print("\ndrift-corrected (each turn's seconds over its own forward seconds; valid where both sides "
           "verify about the same rows)\n")

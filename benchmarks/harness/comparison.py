@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from harness.serving import LoadResult, SpecMetrics, run_load, scrape_spec_metrics, serve
+from harness.serving import CPU_SERVE_ARGS, LoadResult, SpecMetrics, run_load, scrape_spec_metrics, serve
 
 NGRAM_MIN = 1   # the n-gram range of the `prompt-lookup` preset; vLLM's ngram uses the same
 NGRAM_MAX = 4
@@ -85,12 +85,14 @@ def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def run_comparison(model_dir: str, configs: Sequence[ServeConfig], prompts: Sequence[str], *,
+def run_comparison(model_dir: str, configs: Sequence[ServeConfig], prompts: Sequence[Any], *,
                    max_tokens: int, concurrencies: Sequence[int] = (1,),
-                   warmup_prompts: Sequence[str] = (), warmup_max_tokens: int = 16,
-                   temperature: float = 0.0,
+                   warmup_prompts: Sequence[Any] = (), warmup_max_tokens: int = 16,
+                   temperature: float = 0.0, ignore_eos: bool = True,
+                   base_args: Sequence[str] = CPU_SERVE_ARGS,
                    log: Callable[[str], None] = _stderr) -> list[Measurement]:
-    """Serve `model_dir` once per config; after a warm-up, run `prompts` at each concurrency.
+    """Serve `model_dir` once per config (`base_args` + the config's flags); after a warm-up, run
+    `prompts` (text or chat) at each concurrency.
 
     Counters are scraped right before and after each measured run, so warm-up and other runs on
     the same server never leak into a row.
@@ -98,14 +100,14 @@ def run_comparison(model_dir: str, configs: Sequence[ServeConfig], prompts: Sequ
     out: list[Measurement] = []
     for cfg in configs:
         log(f"[{cfg.name}] starting server ...")
-        with serve(model_dir, cfg.args) as server:
+        with serve(model_dir, cfg.args, base_args=base_args) as server:
             if warmup_prompts:
                 run_load(server, warmup_prompts, max_tokens=warmup_max_tokens,
-                         concurrency=max(concurrencies), temperature=temperature)
+                         concurrency=max(concurrencies), temperature=temperature, ignore_eos=ignore_eos)
             for c in concurrencies:
                 before = scrape_spec_metrics(server)
                 load = run_load(server, prompts, max_tokens=max_tokens, concurrency=c,
-                                temperature=temperature)
+                                temperature=temperature, ignore_eos=ignore_eos)
                 delta = scrape_spec_metrics(server) - before
                 out.append(Measurement(cfg.name, c, load, delta))
                 tau = delta.tau

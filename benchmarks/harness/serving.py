@@ -263,8 +263,8 @@ Prompt = Union[str, Sequence[dict], Any]
 
 
 def chat_messages(prompt: Prompt) -> list[dict] | None:
-    """The chat messages of a prompt, None for a text (completion) prompt."""
-    if isinstance(prompt, str):
+    """The chat messages of a prompt, None for a completion prompt (text or token ids)."""
+    if isinstance(prompt, str) or (isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], int)):
         return None
     messages = getattr(prompt, "messages", prompt)
     return [dict(m) for m in messages]
@@ -301,9 +301,9 @@ def complete(base_url: str, model: str, prompt: Prompt, *, max_tokens: int, temp
 
 def run_load(server_or_url: Server | str, prompts: Sequence[Prompt], *, max_tokens: int,
              concurrency: int = 1, model: str | None = None, temperature: float = 0.0,
-             ignore_eos: bool = True, timeout_s: float = 600.0) -> LoadResult:
+             ignore_eos: bool = True, timeout_s: float = 600.0, extra: dict | None = None) -> LoadResult:
     """Send `prompts` (text or chat, `complete`) with at most `concurrency` in flight (closed
-    loop); results in prompt order."""
+    loop); results in prompt order. `extra` joins every request's body."""
     if isinstance(server_or_url, Server):
         base_url, model = server_or_url.base_url, model or server_or_url.model
     else:
@@ -316,7 +316,7 @@ def run_load(server_or_url: Server | str, prompts: Sequence[Prompt], *, max_toke
 
     def one(i: int) -> RequestResult:
         return complete(base_url, model, prompts[i], max_tokens=max_tokens, temperature=temperature,
-                        ignore_eos=ignore_eos, timeout_s=timeout_s, index=i)
+                        ignore_eos=ignore_eos, timeout_s=timeout_s, index=i, extra=extra)
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="load") as pool:

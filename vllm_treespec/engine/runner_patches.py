@@ -25,6 +25,13 @@ Why each exists:
   captured for another batch would not contain. Such steps run PIECEWISE (attention eager
   between the pieces) or eagerly; chain-shaped and plain decode steps keep their full graphs.
   Runs after `_prepare_inputs`, which published the step's plan.
+- `_input_fits_in_drafter`: vLLM drafts for the whole batch or for none of it: once any request
+  is within num_speculative_tokens of max_model_len it gives every request num_speculative_tokens
+  zero tokens as drafts, which the scheduler then schedules and the step verifies (a K=127
+  deployment verified 80 rows of zeros per step near the end of a request; for vLLM's own
+  methods too). A TreeProposer caps each request's nodes at its own room before max_model_len
+  (engine/budget_control.py), so for it the check only asks whether the step has the metadata
+  drafting needs.
 - `_sample`: tree acceptance and KV compaction instead of the linear rejection sampler
   (engine/tree_verifier.py); the plan is withdrawn afterwards.
 - `sample_tokens`: the step's drafts ride on its output to the engine core instead of a separate
@@ -210,6 +217,15 @@ def _wrap_setup_aux(original: Callable[..., Any]) -> Callable[..., Any]:
     return _setup_eagle3_aux_hidden_state_outputs
 
 
+def _wrap_input_fits_in_drafter(original: Callable[..., Any]) -> Callable[..., Any]:
+    def _input_fits_in_drafter(self, common_attn_metadata):
+        if _tree_proposer(self) is None:
+            return original(self, common_attn_metadata)
+        return common_attn_metadata is not None
+
+    return _input_fits_in_drafter
+
+
 def _wrap_sample(original: Callable[..., Any]) -> Callable[..., Any]:
     def _sample(self, logits, spec_decode_metadata):
         proposer = _tree_proposer(self)
@@ -315,6 +331,14 @@ REGISTRY.register(Patch(
     expected_signature="(self) -> None",
     make=_wrap_setup_aux,
     why="drafters that read target features (DART heads) get the target's aux hidden states",
+))
+REGISTRY.register(Patch(
+    target=f"{RUNNER}._input_fits_in_drafter",
+    expected_signature=("(self, common_attn_metadata: vllm.v1.attention.backend.CommonAttentionMetadata | None) "
+                        "-> bool"),
+    make=_wrap_input_fits_in_drafter,
+    why="requests near max_model_len get their own capped drafts, not num_speculative_tokens zeros "
+        "for the whole batch",
 ))
 REGISTRY.register(Patch(
     target=f"{RUNNER}._sample",

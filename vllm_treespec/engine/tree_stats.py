@@ -193,6 +193,7 @@ class TreeStats:
             "compaction_ms_per_step": 1e3 * self.compaction_seconds / max(self.verify_steps, 1),
             "attention_ms_per_step": 1e3 * self.attention_seconds / max(self.verify_steps, 1),
             "worker_step_ms": 1e3 * self.step_seconds / max(self.steps, 1),
+            "drafted_trees": self.trees, "drafted_nodes": self.nodes,
             "verified_trees": self.verified_trees, "verified_nodes": self.verified_nodes,
             "accepted": self.accepted, "kv_moves": self.kv_moves, "own_steps": self.own_steps,
             "mean_accepted": self.accepted / max(self.verified_trees, 1),
