@@ -90,6 +90,8 @@ _HERE = Path(__file__).resolve().parent
 if str(_HERE) not in sys.path:              # unseen_prompts, bench_serving (also when imported by tests)
     sys.path.insert(0, str(_HERE))
 
+from harness.paired_stats import lower_middle, median_interval  # noqa: E402
+
 RESULTS_DIR = _HERE / "results"
 DEFAULT_CONFIGS = ["off", "ngram:12", "suffix:24", "default:8", "demo/lookup-trie-distilled:32"]
 SERVER_GIB = 3.2            # RSS of one server (API server + engine core + worker): 2.9-3.0 GB measured on tiny
@@ -282,17 +284,22 @@ def summarize_cell(per_round: Sequence[dict[str, tuple[int, float]]], baseline: 
     return out
 
 
+def turn_ratios(turns: Sequence[tuple[int, float, int, float]]) -> list[float]:
+    """(config tokens/s) / (off tokens/s) of every complete batch; turns: (config tokens, config
+    seconds, off tokens, off seconds) per batch, any rounds."""
+    return [(t / s) / (bt / bs) for t, s, bt, bs in turns if s > 0 and bs > 0 and bt > 0]
+
+
 def paired_ratio(turns: Sequence[tuple[int, float, int, float]]) -> float | None:
-    """Median over a cell's batches of (config tokens/s) / (off tokens/s) in the same batch;
-    turns: (config tokens, config seconds, off tokens, off seconds) per batch, any rounds. The
-    lower middle for an even count; None without a complete turn."""
-    return lower_middle([(t / s) / (bt / bs) for t, s, bt, bs in turns if s > 0 and bs > 0 and bt > 0])
+    """Median over a cell's batches of (config tokens/s) / (off tokens/s) in the same batch
+    (`turn_ratios`). The lower middle for an even count; None without a complete turn."""
+    return lower_middle(turn_ratios(turns))
 
 
-def lower_middle(values: Sequence[float]) -> float | None:
-    """The median of `values` (the lower middle for an even count); None when empty."""
-    ranked = sorted(values)
-    return ranked[(len(ranked) - 1) // 2] if ranked else None
+def interval_entry(ratios: Sequence[float], level: float = 0.9) -> list[float] | None:
+    """[low, high] of the bootstrap interval of the ratios' median (harness/paired_stats.py)."""
+    got = median_interval(list(ratios), level)
+    return None if got is None else [round(got[1], 4), round(got[2], 4)]
 
 
 def paired_corrected_ratio(turns: Sequence[tuple[int, float, float, int, float, float]]) -> float | None:
@@ -398,6 +405,20 @@ def markdown_table(cells: Sequence[dict[str, Any]], labels: Sequence[str], key: 
         for label in labels:
             v = cell["configs"].get(label, {}).get(key)
             vals.append("-" if v is None else fmt.format(v))
+        lines.append(f"| {cell['regime']} | " + " | ".join(vals) + " |")
+    return "\n".join(lines)
+
+
+def interval_table(cells: Sequence[dict[str, Any]], labels: Sequence[str]) -> str:
+    """Markdown: regime rows x config columns of `ratio (low-high)`, the raw paired median and its
+    bootstrap interval; '-' where missing."""
+    lines = ["| regime | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
+    for cell in cells:
+        vals = []
+        for label in labels:
+            e = cell["configs"].get(label, {})
+            r, iv = e.get("ratio"), e.get("ratio_interval")
+            vals.append("-" if r is None else f"{r:.2f}x" + (f" ({iv[0]:.2f}-{iv[1]:.2f})" if iv else ""))
         lines.append(f"| {cell['regime']} | " + " | ".join(vals) + " |")
     return "\n".join(lines)
 
@@ -746,9 +767,15 @@ def main(argv: list[str] | None = None) -> int:
             if lb != BASELINE:
                 s["ratio_pooled_median_round"] = s["ratio"]
                 pairs = list(zip(rows, (pr[BASELINE] for pr in per_round)))
-                s["ratio"] = paired_ratio([t for e, b in pairs for t in _turns(e, b)])
+                raw_turns = [t for e, b in pairs for t in _turns(e, b)]
+                s["ratio"] = paired_ratio(raw_turns)
+                s["ratio_interval"] = interval_entry(turn_ratios(raw_turns))
                 corrected = [t for e, b in pairs for t in _corrected_turns(e, b)]
                 s["ratio_drift_corrected"] = paired_corrected_ratio(corrected)
+                from harness.forward_clock import drift_corrected
+
+                s["ratio_drift_corrected_interval"] = interval_entry(
+                    [r for r in (drift_corrected(*t) for t in corrected) if r is not None])
                 s["ratio_drift_corrected_summed"] = summed_corrected_ratio(corrected)
             s["parts"] = parts_summary(rows)
             s["tau"] = pooled_tau([(e["drafts"], e["accepted_tokens"]) for e in rows if e["drafts"] is not None])
@@ -766,6 +793,7 @@ def main(argv: list[str] | None = None) -> int:
 
     spec_labels = labels[1:]
     ratio_md = markdown_table(cells, spec_labels)
+    interval_md = interval_table(cells, spec_labels)
     tau_md = markdown_table(cells, spec_labels, key="tau", fmt="{:.2f}")
     corrected_md = markdown_table(cells, spec_labels, key="ratio_drift_corrected", fmt="{:.3f}")
     parts_md = parts_table(cells, labels)
@@ -804,6 +832,7 @@ def main(argv: list[str] | None = None) -> int:
         "prompts": {**prompts_record, "sets": n_sets, "warmup_prompts": n_warm},
         "cells": cells,
         "ratio_table_markdown": ratio_md,
+        "ratio_interval_table_markdown": interval_md,
         "tau_table_markdown": tau_md,
         "drift_corrected_table_markdown": corrected_md,
         "parts_table_markdown": parts_md,
@@ -819,6 +848,8 @@ def main(argv: list[str] | None = None) -> int:
           f"model {model_dir.name}, "
           f"{_prompts_line(ns)} ({kind}) x {ns.max_tokens} tokens per cell\n")
     print(ratio_md)
+    print("\nraw ratio with its 90% bootstrap interval over the cell's paired turns\n")
+    print(interval_md)
     print("\ndrift-corrected (each turn's seconds over its own forward seconds; valid where both sides "
           "verify about the same rows)\n")
     print(corrected_md)

@@ -1,33 +1,40 @@
-"""Bootstrap intervals of a regime matrix's drift-corrected cells, from one record or several pooled.
+"""Bootstrap intervals of a regime matrix's cells, from one record or several pooled.
 
-Why: a sampled cell's drift-corrected ratio (`bench_matrix.py`) is the median of 3-16 paired turns, and
-an identical second `off` server reads 0.97-1.03 on it. Whether a preset's 0.965 lies under a
-0.97 bar or inside the instrument's spread takes the cell's own spread. This resamples each
-cell's paired turns with replacement (seeded) and reports the median's two-sided interval; the
-records of reruns of one build (same configs and cells) may be pooled, turn pairs from all of
-them, for a narrower interval. A cell reads `under` when its whole interval lies below the bar,
-`over` when it lies at or above it, else `open`.
+Why: a cell's ratio (`bench_matrix.py`) is the median of a few paired turns, and an identical
+second `off` server reads several percent either side of 1 on it. Whether a preset's 0.965 lies
+under a 0.97 bar or inside the instrument's spread takes the cell's own spread. This resamples
+each cell's paired turns with replacement (seeded, harness/paired_stats.py) and reports the
+median's two-sided interval; the records of reruns of one build (same configs and cells) may be
+pooled, turn pairs from all of them, for a narrower interval. A cell reads `under` when its whole
+interval lies below the bar, `over` when it lies at or above it, else `open`.
+
+`--measure raw` (the default, the acceptance measure): every cell's raw paired tokens/s ratio.
+`--measure drift-corrected`: sampled cells' drift-corrected ratio (each turn's seconds over the
+server's own forward seconds), shown beside the raw one to explain a result, never in its place;
+greedy cells are skipped there (speculation changes the rows their forward runs).
 
     .venv/bin/python benchmarks/matrix_intervals.py benchmarks/results/bench_matrix_A.json \
-        [benchmarks/results/bench_matrix_B.json ...] [--bar 0.97] [--level 0.9] [--output X.json]
+        [benchmarks/results/bench_matrix_B.json ...] [--measure raw] [--bar 0.97] [--level 0.9] [--output X.json]
 """
 from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_matrix import BASELINE, _corrected_turns, lower_middle  # noqa: E402
+from bench_matrix import BASELINE, _corrected_turns, _turns, turn_ratios as raw_turn_ratios  # noqa: E402
 from harness.forward_clock import drift_corrected  # noqa: E402
+from harness.paired_stats import median_interval, verdict  # noqa: E402
+
+MEASURES = ("raw", "drift-corrected")
 
 
-def turn_ratios(records: Sequence[dict[str, Any]], regime: str, label: str) -> list[float]:
-    """The drift-corrected ratio of every paired turn of one cell and config, over the records."""
+def turn_ratios(records: Sequence[dict[str, Any]], regime: str, label: str, measure: str = "raw") -> list[float]:
+    """The ratio (`measure`) of every paired turn of one cell and config, over the records."""
     out = []
     for record in records:
         for cell in record["cells"]:
@@ -36,44 +43,28 @@ def turn_ratios(records: Sequence[dict[str, Any]], regime: str, label: str) -> l
             rounds = cell["configs"][label].get("rounds") or []
             offs = cell["configs"][BASELINE].get("rounds") or []
             for entry, off in zip(rounds, offs):
-                out += [r for r in (drift_corrected(*t) for t in _corrected_turns(entry, off)) if r is not None]
+                if measure == "raw":
+                    out += raw_turn_ratios(_turns(entry, off))
+                else:
+                    out += [r for r in (drift_corrected(*t) for t in _corrected_turns(entry, off)) if r is not None]
     return out
 
 
-def median_interval(ratios: Sequence[float], level: float = 0.9, resamples: int = 4000,
-                    seed: int = 0) -> tuple[float, float, float] | None:
-    """(median, low, high): the lower-middle median of `ratios` and the percentile bootstrap
-    interval of it at `level`; None without ratios."""
-    if not ratios:
-        return None
-    rng = random.Random(seed)
-    n = len(ratios)
-    medians = sorted(lower_middle([ratios[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples))
-    tail = (1.0 - level) / 2.0
-    low = medians[int(tail * (resamples - 1))]
-    high = medians[int((1.0 - tail) * (resamples - 1))]
-    return lower_middle(ratios), low, high
-
-
-def verdict(interval: tuple[float, float, float], bar: float) -> str:
-    """`under` (the whole interval below `bar`), `over` (at or above it) or `open`."""
-    _, low, high = interval
-    return "under" if high < bar else "over" if low >= bar else "open"
-
-
-def intervals(records: Sequence[dict[str, Any]], bar: float = 0.97, level: float = 0.9
-              ) -> list[dict[str, Any]]:
-    """Per sampled cell (the first record's order) and config but the baseline: turns, median,
-    interval and verdict. Greedy cells are skipped: speculation changes the rows their forward
-    runs, so they read the raw ratio (bench_matrix.py), and so are cells without forward seconds."""
+def intervals(records: Sequence[dict[str, Any]], bar: float = 0.97, level: float = 0.9,
+              measure: str = "raw") -> list[dict[str, Any]]:
+    """Per cell (the first record's order) and config but the baseline: turns, median, interval
+    and verdict. Drift-corrected: greedy cells are skipped (speculation changes the rows their
+    forward runs), and so are cells without forward seconds."""
+    if measure not in MEASURES:
+        raise ValueError(f"measure must be one of {MEASURES}, got {measure!r}")
     rows = []
     for cell in records[0]["cells"]:
-        if not cell.get("temperature"):
+        if measure != "raw" and not cell.get("temperature"):
             continue
         for label in cell["configs"]:
             if label == BASELINE:
                 continue
-            ratios = turn_ratios(records, cell["regime"], label)
+            ratios = turn_ratios(records, cell["regime"], label, measure)
             interval = median_interval(ratios, level)
             if interval is None:
                 continue
@@ -94,6 +85,8 @@ def markdown(rows: Sequence[dict[str, Any]], level: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("records", nargs="+", type=Path, help="bench_matrix records; several are pooled")
+    ap.add_argument("--measure", choices=MEASURES, default="raw",
+                    help="raw paired tokens/s ratios (the acceptance measure) or drift-corrected ones")
     ap.add_argument("--bar", type=float, default=0.97, help="the ratio a cell is judged against")
     ap.add_argument("--level", type=float, default=0.9, help="two-sided interval level")
     ap.add_argument("--output", type=Path, default=None, help="JSON record path")
@@ -104,13 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     for p, record in zip(ns.records, records):
         if record.get("benchmark") != "bench_matrix":
             ap.error(f"{p}: not a bench_matrix record")
-    rows = intervals(records, ns.bar, ns.level)
+    rows = intervals(records, ns.bar, ns.level, ns.measure)
     print(markdown(rows, ns.level))
     if ns.output:
         ns.output.write_text(json.dumps({
             "benchmark": "matrix_intervals", "records": [str(p) for p in ns.records],
             "commits": [r.get("software", {}).get("git_commit") for r in records],
-            "bar": ns.bar, "level": ns.level, "resamples": 4000, "rows": rows}, indent=1) + "\n")
+            "measure": ns.measure, "bar": ns.bar, "level": ns.level, "resamples": 4000, "rows": rows},
+            indent=1) + "\n")
     return 0
 
 

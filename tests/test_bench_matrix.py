@@ -279,11 +279,12 @@ def test_paired_ratio_is_the_median_batch_ratio():
     assert bm.paired_ratio([(5, 0.0, 5, 1.0)]) is None
 
 
-# -- bootstrap intervals of the drift-corrected cells (benchmarks/matrix_intervals.py) ----------
+# -- bootstrap intervals of the cells (benchmarks/matrix_intervals.py) ---------------------------
 
 def _record(ratio_by_turn: dict[str, list[float]], rounds: int = 2) -> dict:
-    """A bench_matrix record of one sampled cell whose configs' paired turns read the given
-    drift-corrected ratios (the same forward seconds on both sides; `off` 100 tokens in 1 s)."""
+    """A bench_matrix record of a sampled and a greedy cell whose configs' paired turns read the
+    given ratios, raw and drift-corrected alike (the same forward seconds on both sides; `off`
+    100 tokens in 1 s)."""
     n = len(next(iter(ratio_by_turn.values())))
     off = {"turn_tokens": [100] * n, "turn_seconds": [1.0] * n, "turn_forward_seconds": [0.5] * n}
     configs = {"off": {"rounds": [off] * rounds}}
@@ -300,8 +301,14 @@ def test_matrix_intervals_resample_the_paired_turns_and_judge_against_the_bar():
     same = [1.0 + rng.uniform(-0.01, 0.01) for _ in range(13)]
     slow = [0.94 + rng.uniform(-0.01, 0.01) for _ in range(13)]
     wide = [0.91 + 0.01 * i for i in range(13)]           # 0.91 .. 1.03 around the bar
-    rows = mi.intervals([_record({"a": same, "b": slow, "c": wide})], bar=0.97)
+    record = _record({"a": same, "b": slow, "c": wide})
+    raw = mi.intervals([record], bar=0.97)
+    assert [r["regime"] for r in raw] == ["T=0.7 c=1"] * 3 + ["greedy c=1"] * 3      # raw: every cell
+    rows = mi.intervals([record], bar=0.97, measure="drift-corrected")
     assert {r["regime"] for r in rows} == {"T=0.7 c=1"}            # greedy cells read the raw ratio
+    assert [(r["median"], r["low"], r["high"]) for r in rows] == [(r["median"], r["low"], r["high"]) for r in raw[:3]]
+    with pytest.raises(ValueError, match="measure"):
+        mi.intervals([record], measure="corrected")
     rows = {r["config"]: r for r in rows}
     assert rows["a"]["turns"] == 26 and rows["a"]["verdict"] == "over"
     assert rows["b"]["verdict"] == "under" and rows["b"]["high"] < 0.96
@@ -324,3 +331,14 @@ def test_matrix_intervals_refuse_what_is_not_a_matrix_record(tmp_path, capsys):
     with pytest.raises(SystemExit):
         mi.main([str(bad), "--level", "1.5"])
     assert "--level must lie between 0 and 1" in capsys.readouterr().err
+
+
+def test_cells_carry_the_raw_ratio_interval():
+    ratios = [0.9, 1.0, 1.1, 1.2, 0.95]
+    low, high = bm.interval_entry(ratios)
+    assert low <= bm.lower_middle(ratios) <= high and 0.9 <= low and high <= 1.2
+    assert bm.interval_entry([]) is None
+    cells = [{"regime": "greedy c=1", "configs": {"x": {"ratio": 1.0, "ratio_interval": [low, high]},
+                                                   "y": {"ratio": None}}}]
+    table = bm.interval_table(cells, ["x", "y"])
+    assert f"1.00x ({low:.2f}-{high:.2f})" in table and "| - |" in table
