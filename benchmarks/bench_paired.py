@@ -22,7 +22,14 @@ clients arriving at once) and a pair is one such batch on each side: the engine'
 at that batch size, without the OpenAI server and the client that share the two cores in
 `bench_matrix.py` (whose identical servers read 0.65-1.06x of each other per cell, where this
 reads within 1%: docs/never-slower.md section 4). --unseen takes the prompts from
-benchmarks/unseen_prompts.py (third-party function heads) instead of the held-out stdlib text.
+benchmarks/unseen_prompts.py (third-party function heads) instead of the held-out stdlib text;
+--chat takes MT-Bench and HumanEval chat requests (benchmarks/chat_prompts.py) rendered with the
+model's chat template, for a target that has one (smollm2-135m; every answer still runs to
+--max-tokens, past its end of turn, so both sides verify the same lengths). --dtype bfloat16 runs the engines
+in the dtype the servers use (default float32: greedy outputs then compare exactly).
+
+    .venv/bin/python benchmarks/bench_paired.py --fixture smollm2-135m --chat --dtype bfloat16 \
+        --a off --b lookup-online:24 --concurrency 8 --num-prompts 32 --passes 2
 
 Engine steps are counted per turn (prefill included), so the record
 splits the speedup into tokens per step and milliseconds per step, and the step into the
@@ -141,7 +148,7 @@ def _plain_floor() -> None:
 
 
 def _serve(conn: Any, kwargs: dict[str, Any], model: str, max_tokens: int, temperature: float,
-           seeded: bool = True, plain_floor: bool = False) -> None:
+           seeded: bool = True, plain_floor: bool = False, dtype: str = "float32") -> None:
     """Child process: one engine; answers (prompts, seeds) with (seconds, token ids per prompt,
     steps, forward seconds) until None. The prompts of one request are submitted together."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -151,7 +158,7 @@ def _serve(conn: Any, kwargs: dict[str, Any], model: str, max_tokens: int, tempe
     if plain_floor:
         _plain_floor()
 
-    llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=1024, seed=0,
+    llm = LLM(model=model, dtype=dtype, enforce_eager=True, max_model_len=1024, seed=0,
               **kwargs)
     engine, steps, forward = llm.llm_engine, [0], [0.0]
     by_rows: dict[int, list[float]] = {}    # forward calls by query rows: [count, seconds]
@@ -218,9 +225,17 @@ def drift_corrected(pairs: list[dict[str, Any]]) -> tuple[float | None, float | 
     return (ta / fa) / (tb / fb), statistics.median(per_pair)
 
 
-def paired_prompts(num_prompts: int, unseen: bool) -> list[str]:
-    """The prompts of a paired run: third-party function heads (benchmarks/unseen_prompts.py) or
-    the fixtures' held-out stdlib text, seed 0 either way."""
+def paired_prompts(num_prompts: int, unseen: bool, chat_model: str | None = None) -> list[str]:
+    """The prompts of a paired run: third-party function heads (benchmarks/unseen_prompts.py),
+    MT-Bench + HumanEval chat requests rendered with `chat_model`'s chat template (as the
+    OpenAI server renders them), or the fixtures' held-out stdlib text; seed 0 each way."""
+    if chat_model is not None:
+        from chat_prompts import chat_pool
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(chat_model)
+        return [tokenizer.apply_chat_template(p.messages, tokenize=False, add_generation_prompt=True)
+                for p in chat_pool(0)[:num_prompts]]
     if unseen:
         from unseen_prompts import build_prompts
 
@@ -249,6 +264,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--unseen", action="store_true",
                    help="prompts from benchmarks/unseen_prompts.py (function heads of third-party "
                         "packages) instead of the fixtures' held-out stdlib text")
+    p.add_argument("--chat", action="store_true",
+                   help="MT-Bench + HumanEval chat requests in the model's chat template")
+    p.add_argument("--dtype", default="float32", help="engine dtype (servers use the model's, bfloat16)")
     p.add_argument("--output", type=Path, default=None, help="JSON record path")
     ns = p.parse_args(argv)
     for spec in (ns.a, ns.b):
@@ -273,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     model = str(build_fixture(ns.fixture))
     for spec in (ns.a, ns.b):               # here, on every core, not in a core-pinned worker
         prebuild_engine_fixtures(engine_kwargs(spec), model)
-    prompts = paired_prompts(ns.num_prompts, ns.unseen)
+    prompts = paired_prompts(ns.num_prompts, ns.unseen, model if ns.chat else None)
     n = ns.concurrency
     batches = [prompts[i:i + n] for i in range(0, len(prompts), n)]
     ctx = mp.get_context("spawn")
@@ -281,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     for spec in (ns.a, ns.b):               # started one after the other: never two warm-ups at once
         parent, child = ctx.Pipe()
         proc = ctx.Process(target=_serve, args=(child, resolved(engine_kwargs(spec)), model, ns.max_tokens,
-                                                     ns.temperature, not ns.unseeded, spec.endswith(PLAIN_FLOOR)),
+                                                     ns.temperature, not ns.unseeded, spec.endswith(PLAIN_FLOOR),
+                                                     ns.dtype),
                            daemon=True)
         proc.start()
         child.close()                       # the child's end lives in the child: its exit means EOF here
@@ -356,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
                                          "software": software_info(), "commit": git_commit(),
                                          "fixture": ns.fixture, "prompts": ns.num_prompts,
                                          "concurrency": ns.concurrency, "unseen_prompts": ns.unseen,
+                                         "chat_prompts": ns.chat, "dtype": ns.dtype,
                                          "max_tokens": ns.max_tokens, "passes": ns.passes,
                                          **result, "pairs": pairs}, indent=1))
         print(f"wrote {ns.output}")

@@ -356,3 +356,17 @@ def test_pin_frontend_moves_everything_but_the_bound_worker(tmp_path):
     finally:
         os.killpg(leader.pid, 9)
         leader.wait()
+
+
+def test_bench_paired_chat_prompts_are_rendered_with_the_models_chat_template(smollm2_fp32_model):
+    bench = load_benchmark("bench_paired")
+    from chat_prompts import chat_pool
+
+    prompts = bench.paired_prompts(3, False, str(smollm2_fp32_model))
+    pool = chat_pool(0)[:3]
+    assert len(prompts) == 3
+    for text, chat in zip(prompts, pool):
+        # SmolLM2's ChatML template: the user turn, then the opened assistant turn
+        assert f"<|im_start|>user\n{chat.content}<|im_end|>" in text
+        assert text.endswith("<|im_start|>assistant\n")
+    assert bench.parse_args(["--chat", "--dtype", "bfloat16"]).dtype == "bfloat16"
