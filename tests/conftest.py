@@ -59,6 +59,22 @@ def smollm2_fp32_model() -> Path:
     return build_fixture("smollm2-135m-fp32")
 
 
+# Trained heads take minutes of training each on a 2-core machine: they are benchmark fixtures,
+# not CI's job. Tests that need one run where it is cached (or with this variable set to 1).
+TRAIN_FIXTURES_ENV = "TREESPEC_TRAIN_FIXTURES"
+
+
+def trained_fixture(name: str) -> Path:
+    """Trained fixture `name` when it is cached or TREESPEC_TRAIN_FIXTURES=1 (then built here);
+    otherwise the calling test is skipped with the command that builds it."""
+    from treespec_fixtures import build_fixture, fixture_cached
+
+    if not fixture_cached(name) and os.environ.get(TRAIN_FIXTURES_ENV) != "1":
+        pytest.skip(f"trained fixture {name!r} is not cached: build it with "
+                    f"`PYTHONPATH=benchmarks python -m treespec_fixtures {name}` or set {TRAIN_FIXTURES_ENV}=1")
+    return build_fixture(name)
+
+
 @pytest.fixture(scope="session")
 def code_lm_distilled_trie(code_lm_model) -> Path:
     """fixture:code-lm-distill-5gram, built before any engine starts (about 2 minutes fresh):

@@ -56,3 +56,27 @@ def test_moving_the_lab_kept_the_cache_keys():
 
     assert recipe_key(CODE_LM_RECIPE) == "abc093f6f38d"
     assert DISTILLED_PROMPTS_SOURCE == "vllm_treespec.fixtures.corpus.training_prompts"
+
+
+def test_fixture_cached_looks_without_building(tmp_path, monkeypatch):
+    from treespec_fixtures import fixture_cached
+
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path))
+    assert not fixture_cached("tiny")
+    assert not (tmp_path / "fixtures").exists()                 # nothing was built or created
+    build_fixture("tiny")
+    assert fixture_cached("tiny")
+    with pytest.raises(ValueError, match="did you mean 'dart-head'"):
+        fixture_cached("dart-haed")
+
+
+def test_trained_fixtures_skip_unless_cached_or_asked_for(tmp_path, monkeypatch):
+    """Training heads is a benchmark fixture's job, not CI's (conftest.trained_fixture)."""
+    from conftest import TRAIN_FIXTURES_ENV, trained_fixture
+
+    monkeypatch.setenv("TREESPEC_CACHE", str(tmp_path))
+    monkeypatch.delenv(TRAIN_FIXTURES_ENV, raising=False)
+    with pytest.raises(pytest.skip.Exception, match=r"python -m treespec_fixtures dart-head"):
+        trained_fixture("dart-head")
+    monkeypatch.setenv(TRAIN_FIXTURES_ENV, "1")                 # asked for: built (tiny, to be quick)
+    assert trained_fixture("tiny") == build_fixture("tiny")

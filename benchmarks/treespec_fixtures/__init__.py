@@ -46,8 +46,8 @@ def enable() -> None:
 
 
 def __getattr__(name: str) -> Any:
-    """FIXTURES and build_fixture, imported on first use (the registry imports torch)."""
-    if name in ("FIXTURES", "build_fixture"):
+    """FIXTURES, build_fixture and fixture_cached, imported on first use (the registry imports torch)."""
+    if name in ("FIXTURES", "build_fixture", "fixture_cached"):
         from treespec_fixtures import registry
 
         return getattr(registry, name)
