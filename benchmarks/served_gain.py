@@ -1,5 +1,6 @@
-"""What budget.gain decides on a served run: one server, unseen prompts at a fixed concurrency and
-temperature, then its treespec_gain_* and tree series read from /metrics (docs/metrics.md).
+"""What budget.gain decides on a served run: one server, unseen prompts (chat requests for a model
+with a chat template, answered to EOS) at a fixed concurrency and temperature, then its
+treespec_gain_* and tree series read from /metrics (docs/metrics.md).
 
 Why: probe_gain.py reads the controller in one offline process, where steps cost what they cost
 there; served, the engine core and the worker are separate processes and the step costs the
@@ -8,6 +9,7 @@ paired baseline: use bench_matrix.py).
 
     .venv/bin/python benchmarks/served_gain.py --config default:12 --temperature 0 --concurrency 8 \
         --output benchmarks/results/served_gain_t0_c8_code-lm.json
+    .venv/bin/python benchmarks/served_gain.py --fixture smollm2-135m --config default:24 --num-prompts 32
 """
 from __future__ import annotations
 
@@ -55,21 +57,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output", type=Path, default=None)
     ns = ap.parse_args(argv)
 
-    from bench_matrix import parse_configs, serve_args_default_dtype
+    from bench_matrix import build_prompt_sets, parse_configs, prompt_kind, serve_args_default_dtype
     from bench_serving import resolve_model
-    from unseen_prompts import build_prompts
     from harness.report import hardware_info, software_info
     from harness.serving import CPU_SERVE_ARGS, run_load, serve
 
     _, model_dir, _ = resolve_model(ns)
     cfg = parse_configs([ns.config])[-1]
-    pool = [p.text for p in build_prompts(ns.num_prompts + ns.concurrency, seed=13)]
+    kind = prompt_kind("auto", Path(model_dir))
+    (prompts,), warm, _ = build_prompt_sets(kind, [ns.num_prompts], ns.concurrency, seed=13)
+    pool = list(prompts) + list(warm)
+    ignore_eos = kind == "code"             # chat answers end where the model ends them
     with serve(model_dir, cfg.args, base_args=serve_args_default_dtype(CPU_SERVE_ARGS), keep_log=True) as server:
         run_load(server, pool[ns.num_prompts:], max_tokens=32, concurrency=ns.concurrency,
-                 temperature=ns.temperature)
+                 temperature=ns.temperature, ignore_eos=ignore_eos)
         before = parse_series(urllib.request.urlopen(server.base_url + "/metrics", timeout=10).read().decode())
         load = run_load(server, pool[:ns.num_prompts], max_tokens=ns.max_tokens,
-                        concurrency=ns.concurrency, temperature=ns.temperature)
+                        concurrency=ns.concurrency, temperature=ns.temperature, ignore_eos=ignore_eos)
         after = parse_series(urllib.request.urlopen(server.base_url + "/metrics", timeout=10).read().decode())
         log = server.log_path
     guard = [line.split("TreeProposer: ", 1)[-1] for line in log.read_text(errors="replace").splitlines()
@@ -79,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     gauges = {k: v for k, v in after.items() if k not in counters}
     record = {"benchmark": "served_gain", "hardware": hardware_info(), "software": software_info(),
               "settings": vars(ns) | {"output": str(ns.output) if ns.output else None},
-              "tokens_per_s": load.tokens_per_s, "during_load": counters, "last_values": gauges,
+              "prompts": kind, "tokens_per_s": load.tokens_per_s, "during_load": counters, "last_values": gauges,
               "guard_log": guard}
     text = json.dumps(record, indent=1)
     print(text)
