@@ -302,13 +302,19 @@ def interval_entry(ratios: Sequence[float], level: float = 0.9) -> list[float] |
     return None if got is None else [round(got[1], 4), round(got[2], 4)]
 
 
-def paired_corrected_ratio(turns: Sequence[tuple[int, float, float, int, float, float]]) -> float | None:
-    """Median over a cell's batches of the drift-corrected ratio (harness.forward_clock); turns:
-    (tokens, seconds, forward seconds, off tokens, off seconds, off forward seconds) per batch.
-    None without a batch whose forward seconds were read on both sides."""
+def corrected_turn_ratios(turns: Sequence[tuple[int, float, float, int, float, float]]) -> list[float]:
+    """The drift-corrected ratio (harness.forward_clock) of every batch whose forward seconds were
+    read on both sides; turns: (tokens, seconds, forward seconds, off tokens, off seconds, off
+    forward seconds) per batch."""
     from harness.forward_clock import drift_corrected
 
-    return lower_middle([r for r in (drift_corrected(*t) for t in turns) if r is not None])
+    return [r for r in (drift_corrected(*t) for t in turns) if r is not None]
+
+
+def paired_corrected_ratio(turns: Sequence[tuple[int, float, float, int, float, float]]) -> float | None:
+    """Median over a cell's batches of the drift-corrected ratio (`corrected_turn_ratios`).
+    None without a batch whose forward seconds were read on both sides."""
+    return lower_middle(corrected_turn_ratios(turns))
 
 
 def summed_corrected_ratio(turns: Sequence[tuple[int, float, float, int, float, float]]) -> float | None:
@@ -772,10 +778,7 @@ def main(argv: list[str] | None = None) -> int:
                 s["ratio_interval"] = interval_entry(turn_ratios(raw_turns))
                 corrected = [t for e, b in pairs for t in _corrected_turns(e, b)]
                 s["ratio_drift_corrected"] = paired_corrected_ratio(corrected)
-                from harness.forward_clock import drift_corrected
-
-                s["ratio_drift_corrected_interval"] = interval_entry(
-                    [r for r in (drift_corrected(*t) for t in corrected) if r is not None])
+                s["ratio_drift_corrected_interval"] = interval_entry(corrected_turn_ratios(corrected))
                 s["ratio_drift_corrected_summed"] = summed_corrected_ratio(corrected)
             s["parts"] = parts_summary(rows)
             s["tau"] = pooled_tau([(e["drafts"], e["accepted_tokens"]) for e in rows if e["drafts"] is not None])

@@ -26,8 +26,8 @@ from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_matrix import BASELINE, _corrected_turns, _turns, turn_ratios as raw_turn_ratios  # noqa: E402
-from harness.forward_clock import drift_corrected  # noqa: E402
+from bench_matrix import (BASELINE, _corrected_turns, _turns, corrected_turn_ratios,  # noqa: E402
+                          turn_ratios as raw_turn_ratios)
 from harness.paired_stats import median_interval, verdict  # noqa: E402
 
 MEASURES = ("raw", "drift-corrected")
@@ -46,7 +46,7 @@ def turn_ratios(records: Sequence[dict[str, Any]], regime: str, label: str, meas
                 if measure == "raw":
                     out += raw_turn_ratios(_turns(entry, off))
                 else:
-                    out += [r for r in (drift_corrected(*t) for t in _corrected_turns(entry, off)) if r is not None]
+                    out += corrected_turn_ratios(_corrected_turns(entry, off))
     return out
 
 

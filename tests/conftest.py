@@ -64,12 +64,19 @@ def smollm2_fp32_model() -> Path:
 TRAIN_FIXTURES_ENV = "TREESPEC_TRAIN_FIXTURES"
 
 
-def trained_fixture(name: str) -> Path:
-    """Trained fixture `name` when it is cached or TREESPEC_TRAIN_FIXTURES=1 (then built here);
-    otherwise the calling test is skipped with the command that builds it."""
-    from treespec_fixtures import build_fixture, fixture_cached
+def trained_fixture_available(name: str) -> bool:
+    """Whether a test may use trained fixture `name`: it is cached, or TREESPEC_TRAIN_FIXTURES=1."""
+    from treespec_fixtures import fixture_cached
 
-    if not fixture_cached(name) and os.environ.get(TRAIN_FIXTURES_ENV) != "1":
+    return os.environ.get(TRAIN_FIXTURES_ENV) == "1" or fixture_cached(name)
+
+
+def trained_fixture(name: str) -> Path:
+    """Trained fixture `name` when `trained_fixture_available` (built here if asked for);
+    otherwise the calling test is skipped with the command that builds it."""
+    from treespec_fixtures import build_fixture
+
+    if not trained_fixture_available(name):
         pytest.skip(f"trained fixture {name!r} is not cached: build it with "
                     f"`PYTHONPATH=benchmarks python -m treespec_fixtures {name}` or set {TRAIN_FIXTURES_ENV}=1")
     return build_fixture(name)

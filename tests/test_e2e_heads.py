@@ -6,12 +6,10 @@ accepted (> 1 token per step) when served, with each kind's shipped preset, wher
 cached (minutes of training each: a benchmark fixture's job, not CI's; conftest.trained_fixture)."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-from conftest import TRAIN_FIXTURES_ENV, trained_fixture
+from conftest import trained_fixture, trained_fixture_available
 from e2e import assert_same_outputs, greedy, run_engine, spec_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -99,11 +97,9 @@ TRAINED = {"dart-chain": ("dart-head", "dart", {"builder": "chain"}),
 def trained_runs(code_lm_model):
     """The code-LM fixture served with its trained fixture heads (held-out code prompts), for
     the heads that are cached (conftest.trained_fixture: training them is not CI's job)."""
-    from treespec_fixtures import fixture_cached
     from vllm_treespec.train.corpus import held_out_prompts
 
-    wanted = {name: entry for name, entry in TRAINED.items()
-              if fixture_cached(entry[0]) or os.environ.get(TRAIN_FIXTURES_ENV) == "1"}
+    wanted = {name: entry for name, entry in TRAINED.items() if trained_fixture_available(entry[0])}
     if not wanted:
         return {}
     prompts = held_out_prompts(8, 400, seed=3)
