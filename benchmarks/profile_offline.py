@@ -1,5 +1,6 @@
 """Where a speculative step's time goes: cProfile of an offline `LLM` run (engine in-process) on
-the code-LM fixture, 16 held-out prompts x 128 tokens at concurrency 1, greedy.
+the code-LM fixture (or `--fixture NAME --dtype DTYPE --chat`: another fixture, its dtype and
+MT-Bench + HumanEval chat requests), 16 held-out prompts x 128 tokens at concurrency 1, greedy.
 
     .venv/bin/python benchmarks/profile_offline.py demo/lookup-trie-tree 8            # treespec preset, K
     .venv/bin/python benchmarks/profile_offline.py ngram 16                      # vLLM's ngram, K
@@ -11,6 +12,8 @@ the code-LM fixture, 16 held-out prompts x 128 tokens at concurrency 1, greedy.
     .venv/bin/python benchmarks/profile_offline.py lookup-online 24 --temperature 0.7 --unseeded  # sampled, no seed
     .venv/bin/python benchmarks/profile_offline.py lookup-online 24 --temperature 0.7 --unseeded --concurrency 32
         # 64 prompts submitted 32 at a time (the engine batches them)
+    .venv/bin/python benchmarks/profile_offline.py lookup-online 24 --fixture smollm2-135m --dtype bfloat16 \
+        --chat --concurrency 8                                   # the real target, served dtype
 
 Prints tokens/s and the treespec / model functions by cumulative time (ms per engine step is
 cumulative / steps); with --no-profile, tokens/s and process CPU seconds of 3 passes
@@ -46,12 +49,18 @@ def main(argv: list[str]) -> int:
         kw = treespec_engine_kwargs(k, treespec_value(mode))
     from treespec_fixtures.prebuild import prebuild_engine_fixtures
 
-    model = str(build_fixture("code-lm"))
+    fixture = argv[argv.index("--fixture") + 1] if "--fixture" in argv else "code-lm"
+    dtype = argv[argv.index("--dtype") + 1] if "--dtype" in argv else "float32"
+    model = str(build_fixture(fixture))
     prebuild_engine_fixtures(kw, model)                         # on every core, not in the pinned worker
-    llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=1024, seed=0, **kw)
+    llm = LLM(model=model, dtype=dtype, enforce_eager=True, max_model_len=1024, seed=0, **kw)
     concurrency = int(argv[argv.index("--concurrency") + 1]) if "--concurrency" in argv else 1
     num_prompts = 16 if concurrency == 1 else 2 * concurrency
-    prompts = held_out_prompts(num_prompts, seed=0)
+    if "--chat" in argv:                                        # MT-Bench + HumanEval, chat template
+        from bench_paired import paired_prompts
+        prompts = paired_prompts(num_prompts, unseen=False, chat_model=model)
+    else:
+        prompts = held_out_prompts(num_prompts, seed=0)
     temperature = float(argv[argv.index("--temperature") + 1]) if "--temperature" in argv else 0.0
     params = SamplingParams(temperature=temperature, seed=0 if temperature > 0 and "--unseeded" not in argv else None,
                             max_tokens=128, ignore_eos=True)

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vllm_treespec.budget.confidence import DraftCalibration, batch_path_probs, keep_prefixes, path_probs
+from vllm_treespec.budget.confidence import (GREEDY_CLASS, DraftCalibration, batch_path_probs, keep_prefixes,
+                                           path_probs)
 from vllm_treespec.budget.gain import GainControl, GainCosts
 from vllm_treespec.config import ConfigError
 from vllm_treespec.tree import DraftTree
@@ -94,7 +95,7 @@ def _missed(gain: GainControl):
 
 def _one(gain, record, worth, costs):
     """decide_rated for one 5-node chain."""
-    return gain.decide_rated([record], np.asarray(worth), np.arange(1, 6), np.array([0, 5]), costs)[0]
+    return gain.decide_rated([record], np.asarray(worth), np.array([0, 5]), costs)[0]
 
 
 def test_a_rated_draft_keeps_the_nodes_that_pay_its_rows():
@@ -110,19 +111,44 @@ def test_a_rated_draft_keeps_the_nodes_that_pay_its_rows():
     assert _one(strict, _missed(strict), worth, GainCosts(0.3, 0.0, 0.0)).nodes == 2
 
 
+def _copying(gain: GainControl):
+    """A request that accepted its last drafts whole (its reach is ~1 at every depth)."""
+    record = gain.new_record()
+    for _ in range(60):
+        gain.reach.observe([record.acceptance], [5], [5])
+    return record
+
+
 def test_a_requests_own_reach_lifts_nodes_its_rating_undervalues():
     """A request that accepted its last drafts whole keeps a deep draft the pooled rating would
     cut; one whose drafts missed keeps only what the rating pays for; decided together in one
     step, each by its own history."""
     gain = GainControl(8, margin=1.0)
-    copying = gain.new_record()
-    for _ in range(60):
-        gain.reach.observe([copying.acceptance], [5], [5])
-    worth = np.array([0.6, 0.3, 0.2, 0.1, 0.1] * 2)
+    records = [_copying(gain), _missed(gain)]
+    ratings = np.array([0.6, 0.3, 0.2, 0.1, 0.1] * 2)
+    offsets = np.array([0, 5, 10])
+    scores = gain.node_scores(records, ratings, np.tile(np.arange(1, 6), 2), offsets)
+    assert np.all(scores[:5] > 0.9) and np.allclose(scores[5:], ratings[5:], atol=0.02)
     costs = GainCosts(row=0.25, request=0.0, greedy_request=0.0)
-    decisions = gain.decide_rated([copying, _missed(gain)], worth, np.tile(np.arange(1, 6), 2),
-                                  np.array([0, 5, 10]), costs)
-    assert [d.nodes for d in decisions] == [5, 2]
+    assert [d.nodes for d in gain.decide_rated(records, scores, offsets, costs)] == [5, 2]
+
+
+def test_scores_lifted_by_history_are_calibrated_by_what_was_accepted():
+    """The larger of rating and history is biased upward; calibrated on the score itself, a
+    request whose history says 'copying' but whose nodes keep being rejected stops being kept
+    at its history's word (calibrated on the rating alone it kept all five)."""
+    gain = GainControl(8, margin=1.0)
+    cal = DraftCalibration()
+    record = _copying(gain)
+    ratings, depths, offsets = np.full(5, 0.1), np.arange(1, 6), np.array([0, 5])
+    scores = gain.node_scores([record], ratings, depths, offsets)
+    costs = GainCosts(row=0.25, request=0.0, greedy_request=0.0)
+    assert gain.decide_rated([record], cal.worth(GREEDY_CLASS, scores), offsets, costs)[0].nodes == 5
+    for _ in range(40):                         # its history says copying; its nodes miss
+        cal.observe(GREEDY_CLASS, scores, np.zeros(5, dtype=bool))
+    worth = cal.worth(GREEDY_CLASS, scores)
+    assert worth.max() < costs.row
+    assert gain.decide_rated([record], worth, offsets, costs)[0].nodes == 0
 
 
 def test_an_exploration_step_keeps_likely_nodes_whatever_rows_cost():
@@ -149,7 +175,7 @@ def test_a_rated_decision_clears_the_stopped_state():
     gain = GainControl(8)
     record = gain.new_record()
     record.waited, record.interval, record.probing = 3, 16, True
-    gain.decide_rated([record], np.array([0.9]), np.array([1]), np.array([0, 1]), GainCosts(0.0, 0.0, 0.0))
+    gain.decide_rated([record], np.array([0.9]), np.array([0, 1]), GainCosts(0.0, 0.0, 0.0))
     assert (record.waited, record.interval, record.probing) == (None, None, False)
 
 

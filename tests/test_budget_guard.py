@@ -218,3 +218,20 @@ def test_the_guard_gauges_are_written_on_change_only():
             states.append(state)
     assert g.tests == 1 and len(states) >= 5        # a whole test ran: its windows and its verdict
     assert seen == states
+
+
+def test_a_loss_within_the_windows_own_noise_does_not_pause_drafting():
+    """Bursty acceptance: drafted windows alternate 8 and 80 tokens. Their pooled rate reads under
+    the paused side's, but the windows disagree far more than the loss, so drafting stays; the
+    same loss read from windows that agree pauses it."""
+    def run(drafted_tokens: list[int]) -> SpeculationGuard:
+        g = SpeculationGuard(window=4, hold=100, first_test=0, min_steps=4)
+        drafted = iter(drafted_tokens * 8)
+        for _ in range(33):
+            g.step(0.01, next(drafted) if g.allows else 10, 1)
+        return g
+
+    bursty = run([2, 2, 2, 2, 17, 17, 17, 17])       # windows of 8 and 68 tokens: 0.95x pooled
+    assert bursty.tests == 1 and bursty.verdict.ratio < 0.96 and bursty.verdict.allows
+    steady = run([9, 9, 10, 10])                      # every window 0.95x
+    assert steady.tests == 1 and steady.verdict.ratio < 0.96 and not steady.verdict.allows

@@ -45,9 +45,9 @@ does, so under sampled traffic that does not pay, new requests probe rarely from
 
 Confidence mode (`budget.gain.confidence`, greedy requests; budget/confidence.py): instead of
 deciding before drafting, the request drafts every step and `decide_rated` keeps the prefix of its
-tree whose nodes pay for their rows, each node worth the larger of its drafter's rating as
-calibrated on what was accepted and the request's own reach at its depth; no stopped state, no
-probes. The step is then settled as above.
+tree whose nodes pay for their rows, each node scored by the larger of its drafter's rating and
+the request's own reach at its depth (`node_scores`), that score calibrated on what was
+accepted; no stopped state, no probes. The step is then settled as above.
 
 Seeded sampled requests: their tokens depend on their tree shapes (the coins of verify/coins.py
 sample whichever nodes exist), so their decisions use only their own history and the fixed costs
@@ -625,22 +625,34 @@ class GainControl:
                 counts[kind] = counts.get(kind, 0) + 1
         return counts, calibration
 
-    def decide_rated(self, records: Sequence[GainRecord], worth: np.ndarray, depths: np.ndarray,
-                     offsets: np.ndarray, costs: GainCosts) -> list[GainDecision]:
-        """Confidence mode (budget/confidence.py), greedy requests, one step: each request has
-        drafted a tree, whose nodes are `worth[offsets[t]:offsets[t+1]]` (their calibrated
-        acceptance by rating) at `depths` (same layout). A node is worth the larger of that and
-        the request's own reach at its depth (the history rule's estimate): the pooled rating
-        undervalues a request that is copying an earlier answer, its history undervalues one
-        that has just started to. Each keeps the longest prefix whose every node is worth its
-        row (times the margin), if the kept nodes' net gain is positive (its drafter time is
-        spent already). No stopped state or probes: every step's own draft is rated afresh."""
+    def node_scores(self, records: Sequence[GainRecord], ratings: np.ndarray, depths: np.ndarray,
+                    offsets: np.ndarray) -> np.ndarray:
+        """Confidence mode: each drafted node's score, the larger of the drafter's rating (its
+        path probability) and its request's own reach at the node's depth (the history rule's
+        estimate). The pooled rating undervalues a request that is copying an earlier answer,
+        its history undervalues one that has just started to. The larger of two estimates is
+        biased upward, so the score, not the rating, is what DraftCalibration maps to measured
+        acceptance: calibrated on the rating alone, nodes lifted by their history were kept at
+        the history's word (SmolLM2, 8 greedy clients: ~3.4 rows per request accepted at 0.13
+        tokens a row where a row was priced 0.18; docs/never-slower.md, "confidence")."""
         sizes = np.diff(offsets)
-        if records:
-            own = self.reach.reach_many([r.acceptance for r in records])          # [T, max_depth]
-            tree_of = np.repeat(np.arange(len(records)), sizes)
-            worth = np.maximum(worth, own[tree_of, np.clip(np.asarray(depths) - 1, 0, own.shape[1] - 1)])
-        kept, net = keep_prefixes(worth, offsets, EXPLORE_WORTH if self.exploring else self.margin * costs.row)
+        ratings = np.asarray(ratings, dtype=np.float64)
+        if not records or ratings.size == 0:
+            return ratings
+        own = self.reach.reach_many([r.acceptance for r in records])          # [T, max_depth]
+        tree_of = np.repeat(np.arange(len(records)), sizes)
+        return np.maximum(ratings, own[tree_of, np.clip(np.asarray(depths) - 1, 0, own.shape[1] - 1)])
+
+    def decide_rated(self, records: Sequence[GainRecord], worth: np.ndarray, offsets: np.ndarray,
+                     costs: GainCosts) -> list[GainDecision]:
+        """Confidence mode (budget/confidence.py), greedy requests, one step: each request has
+        drafted a tree, whose nodes are worth `worth[offsets[t]:offsets[t+1]]` tokens (their
+        `node_scores`, calibrated on what was accepted). Each keeps the longest prefix whose
+        every node is worth its row (times the margin), if the kept nodes' net gain is positive
+        (its drafter time is spent already). No stopped state or probes: every step's own draft
+        is rated afresh."""
+        kept, net = keep_prefixes(np.asarray(worth, dtype=np.float64), offsets,
+                                  EXPLORE_WORTH if self.exploring else self.margin * costs.row)
         decisions = []
         for record, n, gain in zip(records, kept.tolist(), net.tolist()):
             record.waited = record.interval = None

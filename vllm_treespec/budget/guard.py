@@ -12,8 +12,14 @@ So the guard measures it. Every so often it runs a test: windows of steps with d
 and with drafting paused, alternated ON OFF OFF ON (so a drift in the machine's speed hits both
 alike), each step's emitted tokens and whole period (from one drafting call to the next:
 scheduling, forward, sampling, acceptance, drafting) summed per side. If the drafted side emitted
-fewer tokens per second than the paused side by more than `margin`, drafting stays paused until
-the next test, else it stays allowed. Between tests the verdict holds for `hold` steps, or until
+fewer tokens per second than the paused side by more than `margin`, and by more than the spread
+of its own windows says chance could (`NOISE_Z` standard errors of the difference of the two
+sides' mean log rate per window), drafting stays paused until the next test, else it stays
+allowed. The noise rule is there because acceptance comes in bursts: at one greedy client on
+SmolLM2 a window of 8 steps emits 8 or 80 tokens as the request copies or stops copying, and a
+test read drafting at 0.96x of paused and paused it for a thousand steps where drafting was
+worth more (docs/never-slower.md, "The guard"); at a loaded server the windows agree and a real
+loss is still caught. Between tests the verdict holds for `hold` steps, or until
 the batch size has stayed halved or doubled since the test for a while (the load that decided
 it is gone). A test in which the batch size ranged wider than MAX_BATCH_SPREAD decides nothing
 (requests arrived or drained during it, so its sides saw different loads).
@@ -26,6 +32,8 @@ caller leaves them alone). Pure Python: the caller feeds it each decode step and
 """
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -33,6 +41,8 @@ from typing import Sequence
 _TEST_ORDER = (True, False, False, True, True, False, False, True)
 # a test whose decoding batch ranged wider than this factor decides nothing
 MAX_BATCH_SPREAD = 1.5
+# a loss pauses drafting only when larger than this many standard errors of its estimate
+NOISE_Z = 1.64
 # drafted windows this much faster than paused ones hold their verdict CLEAR_GAIN_HOLD times longer
 CLEAR_GAIN = 1.5
 CLEAR_GAIN_HOLD = 4
@@ -63,6 +73,7 @@ class SpeculationGuard:
         self._hold_left = int(first_test)   # steps until the next test
         self._test_step = -1                # step within the running test (-1: none running)
         self._sums = {True: [0.0, 0.0, 0], False: [0.0, 0.0, 0]}     # side -> seconds, tokens, steps
+        self._windows = [[0.0, 0.0] for _ in _TEST_ORDER]            # test window -> seconds, tokens
         self._requests = 0.0                # decoding requests summed over the test's steps
         self._batch_range = (1 << 30, 0)    # ... their least and most in one step
         self._moved = 0                     # steps in a row at a batch size far from the verdict's
@@ -77,6 +88,9 @@ class SpeculationGuard:
             side[0] += seconds
             side[1] += tokens
             side[2] += 1
+            win = self._windows[self._test_step // self.window]
+            win[0] += seconds
+            win[1] += tokens
             self._requests += requests
             self._batch_range = (min(self._batch_range[0], requests), max(self._batch_range[1], requests))
         elif self._test_step < 0 and self.verdict is not None and requests > 0:
@@ -118,6 +132,9 @@ class SpeculationGuard:
                 side[0] += sum(counted)
                 side[1] += tokens * len(counted)
                 side[2] += len(counted)
+                win = self._windows[self._test_step // self.window]
+                win[0] += sum(counted)
+                win[1] += tokens * len(counted)
                 self._requests += requests * len(counted)
                 self._batch_range = (min(self._batch_range[0], requests), max(self._batch_range[1], requests))
             self._test_step += k
@@ -138,6 +155,7 @@ class SpeculationGuard:
                 return
             self._test_step = 0
             self._sums = {True: [0.0, 0.0, 0], False: [0.0, 0.0, 0]}
+            self._windows = [[0.0, 0.0] for _ in _TEST_ORDER]
             self._requests = 0.0
             self._batch_range = (1 << 30, 0)
             self._moved = 0
@@ -160,8 +178,24 @@ class SpeculationGuard:
             self._hold_left = self.window * len(_TEST_ORDER)
         elif on[2] >= self.min_steps and off[2] >= self.min_steps and on[0] > 0 and off[0] > 0 and off[1] > 0:
             ratio = (on[1] / on[0]) / (off[1] / off[0])
-            self.verdict = GuardVerdict(ratio >= 1.0 - self.margin, ratio, self._requests / (on[2] + off[2]))
+            allows = ratio >= 1.0 - self.margin or not self._loss_beyond_noise()
+            self.verdict = GuardVerdict(allows, ratio, self._requests / (on[2] + off[2]))
             if ratio >= CLEAR_GAIN:
                 # a test's paused windows cost what drafting gains: test a clear gain less often
                 self._hold_left = CLEAR_GAIN_HOLD * self.hold
         self.allows = self.verdict.allows if self.verdict is not None else True
+
+    def _loss_beyond_noise(self) -> bool:
+        """Whether the drafted windows' mean log rate lies below the paused windows' by more than
+        NOISE_Z standard errors (Welch's, from the windows' own spread). With fewer than two
+        measured windows on a side the spread is unknown and the loss counts as real."""
+        sides: dict[bool, list[float]] = {True: [], False: []}
+        for drafted, (seconds, tokens) in zip(_TEST_ORDER, self._windows):
+            if seconds > 0 and tokens > 0:
+                sides[drafted].append(math.log(tokens / seconds))
+        on, off = sides[True], sides[False]
+        if len(on) < 2 or len(off) < 2:
+            return True
+        diff = statistics.fmean(on) - statistics.fmean(off)
+        se = math.sqrt(statistics.variance(on) / len(on) + statistics.variance(off) / len(off))
+        return diff + NOISE_Z * se < 0.0

@@ -372,8 +372,9 @@ class BudgetControl:
             probs, offsets = batch_path_probs(trees)
             depths = np.concatenate([t.depth[1:] for t in trees])
             states = [requests.state(req_ids[i]) for i in drafted]
-            decisions = self.gain.decide_rated([st.gain_record(self.gain) for st in states],
-                                               self.calibration.worth(GREEDY_CLASS, probs), depths, offsets,
+            gain_records = [st.gain_record(self.gain) for st in states]
+            scores = self.gain.node_scores(gain_records, probs, depths, offsets)
+            decisions = self.gain.decide_rated(gain_records, self.calibration.worth(GREEDY_CLASS, scores), offsets,
                                                self.gain.step_costs())
             for i, tree, st, decision, start in zip(drafted, trees, states, decisions, offsets.tolist()):
                 n = decision.nodes
@@ -381,7 +382,7 @@ class BudgetControl:
                 if n < tree.num_draft:
                     proposal.trees[i] = tree.prefix(n)
                 if n:
-                    st.rated = probs[start:start + n]
+                    st.rated = scores[start:start + n]       # calibrated on what it was decided by
         self._settle(caps, decided, records, rated, proposal, requests, req_ids)
 
     def _settle(self, caps: list[int], decided: dict[int, GainDecision | None], records: dict[int, GainRecord],
