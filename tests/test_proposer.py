@@ -290,6 +290,38 @@ def test_confidence_mode_keeps_what_the_rated_nodes_pay_for_and_learns_from_veri
     assert all(0 < len(d) <= 4 for d in drafts) and drafts[0] == [9, 1, 2, 3][:len(drafts[0])]
 
 
+def test_confidence_mode_calibrates_the_score_it_decides_by_unless_told_to_calibrate_the_rating(monkeypatch):
+    """budget.gain.calibrate_score (default true): what verification calibrates is each node's
+    score, the larger of the drafter's rating and the request's own reach; false keeps the
+    earlier rule, the rating itself. (Prompt lookup rates a lone match 1.0; its ratings are
+    replaced by 0.3 so that a new request's prior reach is the larger.)"""
+    from vllm import SamplingParams
+
+    import vllm_treespec.engine.budget_control as budget_control
+    from vllm_treespec.budget.confidence import batch_path_probs
+    from vllm_treespec.engine.proposer import TreeProposer
+
+    def low_ratings(trees):
+        probs, offsets = batch_path_probs(trees)
+        return np.full_like(probs, 0.3), offsets
+
+    monkeypatch.setattr(budget_control, "batch_path_probs", low_ratings)
+
+    rated = {}
+    for calibrate_score in (True, False):
+        p = TreeProposer(_vllm_config(k=4, treespec={"drafter": {"type": "prompt_lookup"}, "budget": {"gain": {
+            "enabled": True, "confidence": True, "calibrate_score": calibrate_score}}}))
+        runner = _runner([[1, 2, 3, 9, 1, 2, 3]], ["a"])
+        runner.requests = {"a": SimpleNamespace(sampling_params=SamplingParams(temperature=0.0), output_token_ids=[1])}
+        assert len(p.propose_step(runner, _sched(), [[3]])[0]) > 0
+        rated[calibrate_score] = p.requests["a"].rated
+        record = p.requests["a"].gain_record(p.budget.gain)
+    ratings = rated[False]
+    own = p.budget.gain.reach.reach_many([record.acceptance])[0, :ratings.size]
+    assert np.allclose(ratings, 0.3) and np.allclose(rated[True], np.maximum(ratings, own))
+    assert np.any(rated[True] > ratings)          # a new request's prior reach lifts some nodes
+
+
 def test_confidence_mode_rates_the_greedy_trees_of_a_drafter_that_samples(tmp_path):
     """A draft model with draft_sampling: sample draws only sampled requests' trees from its q;
     greedy requests get its top-k trees, which confidence mode rates and cuts like any other."""

@@ -489,10 +489,15 @@ class GainConfig:
         "path probability to measured acceptance (budget/confidence.py). Off, and for sampled "
         "requests: drafting is decided from each request's past acceptance, with probes. "
         "Any drafter: greedy trees are never drawn from a drafter's q."))
+    calibrate_score: bool = spec(True, doc=(
+        "With confidence on: a node is scored by the larger of its drafter's rating and its "
+        "request's own reach at its depth, and the score is calibrated on what was accepted. "
+        "false: the rating alone is calibrated and the larger of the calibrated rating and the "
+        "reach is the node's worth (the earlier rule, kept to measure one against the other)."))
     guard: bool = spec(True, doc=(
         "Now and then the server runs windows of steps with drafting allowed and paused, "
         "alternated, and compares the tokens per second they emitted; while drafted steps are "
-        "slower by more than 4%, drafting stays paused (seeded sampled requests excepted), "
+        "slower by more than 4% and by more than the windows' own spread explains, drafting stays paused (seeded sampled requests excepted), "
         "until the next test (about 1000 steps later, or when the batch size halves or doubles). "
         "It catches what the cost model does not see (budget/guard.py)."))
     calibrate_every: int = spec(32, ge=0, le=100000, doc=(

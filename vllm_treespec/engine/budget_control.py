@@ -72,6 +72,7 @@ class BudgetControl:
         # calibrated ratings say pays (budget/confidence.py). Any drafter: greedy trees are never
         # drawn from a drafter's q (only sampled requests' are), so no q rows are cut with them
         self.calibration = DraftCalibration() if gain.enabled and gain.confidence else None
+        self.calibrate_score = gain.calibrate_score
         # a step's gain decisions between `caps` and `rate_drafts` when some wait for their drafts:
         # (decided per request index, the records of those decided in full, the indices that wait)
         self._pending: tuple[dict[int, GainDecision | None], dict[int, GainRecord], list[int]] | None = None
@@ -373,16 +374,21 @@ class BudgetControl:
             depths = np.concatenate([t.depth[1:] for t in trees])
             states = [requests.state(req_ids[i]) for i in drafted]
             gain_records = [st.gain_record(self.gain) for st in states]
-            scores = self.gain.node_scores(gain_records, probs, depths, offsets)
-            decisions = self.gain.decide_rated(gain_records, self.calibration.worth(GREEDY_CLASS, scores), offsets,
-                                               self.gain.step_costs())
+            if self.calibrate_score:             # the score decided by is the one calibrated
+                scores = self.gain.node_scores(gain_records, probs, depths, offsets)
+                worth = self.calibration.worth(GREEDY_CLASS, scores)
+            else:                                # budget.gain.calibrate_score false: the rating is
+                scores = probs
+                worth = self.gain.node_scores(gain_records, self.calibration.worth(GREEDY_CLASS, probs),
+                                              depths, offsets)
+            decisions = self.gain.decide_rated(gain_records, worth, offsets, self.gain.step_costs())
             for i, tree, st, decision, start in zip(drafted, trees, states, decisions, offsets.tolist()):
                 n = decision.nodes
                 decided[i], caps[i] = decision, n
                 if n < tree.num_draft:
                     proposal.trees[i] = tree.prefix(n)
                 if n:
-                    st.rated = scores[start:start + n]       # calibrated on what it was decided by
+                    st.rated = scores[start:start + n]       # what the calibration learns from
         self._settle(caps, decided, records, rated, proposal, requests, req_ids)
 
     def _settle(self, caps: list[int], decided: dict[int, GainDecision | None], records: dict[int, GainRecord],
