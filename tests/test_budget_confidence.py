@@ -188,6 +188,9 @@ def test_confidence_is_a_checked_gain_key():
     assert load_config("lookup-online").budget.gain.confidence is True          # the default preset
     with pytest.raises(ConfigError, match="budget.gain.confidence"):
         load_config({"drafter": drafter, "budget": {"gain": {"enabled": True, "confidence": "sometimes"}}})
+    assert load_config("lookup-online").budget.gain.calibrate_score is True
+    with pytest.raises(ConfigError, match="budget.gain.calibrate_score"):
+        load_config({"drafter": drafter, "budget": {"gain": {"enabled": True, "calibrate_score": "rating"}}})
 
 
 def test_reach_many_is_each_records_reach():

@@ -497,8 +497,8 @@ class GainConfig:
     guard: bool = spec(True, doc=(
         "Now and then the server runs windows of steps with drafting allowed and paused, "
         "alternated, and compares the tokens per second they emitted; while drafted steps are "
-        "slower by more than 4% and by more than the windows' own spread explains, drafting stays paused (seeded sampled requests excepted), "
-        "until the next test (about 1000 steps later, or when the batch size halves or doubles). "
+        "slower by more than 4% and by more than the windows' own spread explains, drafting "
+        "stays paused (seeded sampled requests excepted), until the next test (about 1000 steps later, or when the batch size halves or doubles). "
         "It catches what the cost model does not see (budget/guard.py)."))
     calibrate_every: int = spec(32, ge=0, le=100000, doc=(
         "Every this many steps no unseeded request drafts (0 = never): the step cost model "

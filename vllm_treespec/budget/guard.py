@@ -72,8 +72,7 @@ class SpeculationGuard:
         self.tests = 0                      # tests finished
         self._hold_left = int(first_test)   # steps until the next test
         self._test_step = -1                # step within the running test (-1: none running)
-        self._sums = {True: [0.0, 0.0, 0], False: [0.0, 0.0, 0]}     # side -> seconds, tokens, steps
-        self._windows = [[0.0, 0.0] for _ in _TEST_ORDER]            # test window -> seconds, tokens
+        self._windows = [[0.0, 0.0, 0] for _ in _TEST_ORDER]         # test window -> seconds, tokens, steps
         self._requests = 0.0                # decoding requests summed over the test's steps
         self._batch_range = (1 << 30, 0)    # ... their least and most in one step
         self._moved = 0                     # steps in a row at a batch size far from the verdict's
@@ -84,13 +83,10 @@ class SpeculationGuard:
         `requests` decoding requests (`seconds` None: not a pure decode step, not counted).
         Then decide whether the next step may draft (`allows`)."""
         if self._test_step >= 0 and seconds is not None and seconds > 0 and requests > 0:
-            side = self._sums[self._last_allows]
-            side[0] += seconds
-            side[1] += tokens
-            side[2] += 1
-            win = self._windows[self._test_step // self.window]
+            win = self._windows[self._test_step // self.window]      # decided as _TEST_ORDER says
             win[0] += seconds
             win[1] += tokens
+            win[2] += 1
             self._requests += requests
             self._batch_range = (min(self._batch_range[0], requests), max(self._batch_range[1], requests))
         elif self._test_step < 0 and self.verdict is not None and requests > 0:
@@ -128,13 +124,10 @@ class SpeculationGuard:
         if self._test_step >= 0:
             counted = [p for p in periods if p is not None and p > 0] if requests > 0 else []
             if counted:
-                side = self._sums[self._last_allows]
-                side[0] += sum(counted)
-                side[1] += tokens * len(counted)
-                side[2] += len(counted)
                 win = self._windows[self._test_step // self.window]
                 win[0] += sum(counted)
                 win[1] += tokens * len(counted)
+                win[2] += len(counted)
                 self._requests += requests * len(counted)
                 self._batch_range = (min(self._batch_range[0], requests), max(self._batch_range[1], requests))
             self._test_step += k
@@ -142,6 +135,17 @@ class SpeculationGuard:
         if self.verdict is not None and requests > 0:
             self._moved = self._moved + k if self._load_moved(requests) else 0
         self._hold_left -= k
+
+    @property
+    def _sums(self) -> dict[bool, list[float]]:
+        """Side (drafting allowed or paused) -> [seconds, tokens, steps] of the running or last
+        test: its windows' sums by _TEST_ORDER."""
+        sums = {True: [0.0, 0.0, 0], False: [0.0, 0.0, 0]}
+        for drafted, win in zip(_TEST_ORDER, self._windows):
+            side = sums[drafted]
+            for i in range(3):
+                side[i] += win[i]
+        return sums
 
     def _load_moved(self, requests: int) -> bool:
         """Whether `requests` decoding requests lie at half or double the verdict's batch or
@@ -154,8 +158,7 @@ class SpeculationGuard:
                 self._hold_left -= 1
                 return
             self._test_step = 0
-            self._sums = {True: [0.0, 0.0, 0], False: [0.0, 0.0, 0]}
-            self._windows = [[0.0, 0.0] for _ in _TEST_ORDER]
+            self._windows = [[0.0, 0.0, 0] for _ in _TEST_ORDER]
             self._requests = 0.0
             self._batch_range = (1 << 30, 0)
             self._moved = 0
@@ -170,7 +173,8 @@ class SpeculationGuard:
         self._test_step = -1
         self._hold_left = self.hold
         self.tests += 1
-        on, off = self._sums[True], self._sums[False]
+        sums = self._sums
+        on, off = sums[True], sums[False]
         low, high = self._batch_range
         if high > MAX_BATCH_SPREAD * low:
             # the load changed during the test (requests arriving or draining): its sides are
@@ -190,7 +194,7 @@ class SpeculationGuard:
         NOISE_Z standard errors (Welch's, from the windows' own spread). With fewer than two
         measured windows on a side the spread is unknown and the loss counts as real."""
         sides: dict[bool, list[float]] = {True: [], False: []}
-        for drafted, (seconds, tokens) in zip(_TEST_ORDER, self._windows):
+        for drafted, (seconds, tokens, _) in zip(_TEST_ORDER, self._windows):
             if seconds > 0 and tokens > 0:
                 sides[drafted].append(math.log(tokens / seconds))
         on, off = sides[True], sides[False]
