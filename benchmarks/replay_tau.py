@@ -82,8 +82,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-prompts", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0, help="prompt sampling seed (as bench_serving)")
-    p.add_argument("--prompts", choices=("held-out", "unseen"), default="held-out",
-                   help="held-out stdlib files (the fixtures' corpus) or unseen third-party code")
+    p.add_argument("--prompts", choices=("held-out", "unseen", "chat"), default="held-out",
+                   help="held-out stdlib files (the fixtures' corpus), unseen third-party code, or MT-Bench + "
+                        "HumanEval chat requests in the model's chat template (chat_prompts.py; answers end "
+                        "at EOS, as bench_matrix serves them)")
     p.add_argument("--budgets", type=int, nargs="+", default=[8, 16, 32, 64])
     p.add_argument("--concurrency", type=int, nargs="+", default=[1],
                    help="requests in flight at once (continuous batching; drafters that read "
@@ -93,11 +95,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--config-json", action="append", default=[], help="extra inline treespec config")
     p.add_argument("--output", type=Path, default=None, help="JSON record (default: print only)")
     p.add_argument("--ratings", action="store_true", help="print each config's rating table")
+    p.add_argument("--costs", type=float, nargs=2, metavar=("ROW", "STEP"), default=None,
+                   help="a verified row's and a speculative step's cost in plain steps (one client): "
+                        "prints the speedup they imply (served greedy c=1 on SmolLM2 fits about 0.05 0.12)")
+    p.add_argument("--prune-margin", type=float, default=None,
+                   help="with --costs: cut treespec drafts as budget.gain.confidence would at those costs "
+                        "times this margin (the engine's default margin is 1.5)")
     return p.parse_args(argv)
 
 
-def reference_outputs(model_dir: Path, prompts: Sequence[str], max_tokens: int) -> list[dict]:
-    """[{prompt_ids, output_ids}] of vLLM greedy decoding without speculation (cached)."""
+def reference_outputs(model_dir: Path, prompts: Sequence[Any], max_tokens: int) -> list[dict]:
+    """[{prompt_ids, output_ids}] of vLLM greedy decoding without speculation (cached). A prompt
+    is a text (completed for exactly max_tokens, ignore_eos) or a chat message list (rendered by
+    the model's chat template; the answer ends at EOS)."""
     from treespec_fixtures.cache import cache_root
 
     meta = (model_dir / "fixture.json").read_text() if (model_dir / "fixture.json").exists() else str(model_dir)
@@ -111,8 +121,12 @@ def reference_outputs(model_dir: Path, prompts: Sequence[str], max_tokens: int) 
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=str(model_dir), dtype="float32", enforce_eager=True, max_model_len=1024, seed=0)
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    outs = llm.generate(list(prompts), params, use_tqdm=False)
+    chat = bool(prompts) and not isinstance(prompts[0], str)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=not chat)
+    if chat:
+        outs = llm.chat([list(m) for m in prompts], params, use_tqdm=False)
+    else:
+        outs = llm.generate(list(prompts), params, use_tqdm=False)
     records = [{"prompt_ids": list(o.prompt_token_ids), "output_ids": list(o.outputs[0].token_ids)}
                for o in outs]
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -162,17 +176,26 @@ def target_features(model: Any, records: Sequence[dict], aux_ids: Sequence[int])
 
 
 def replay(drafter: Any, budget: int, records: Sequence[dict], max_len: int = 1024,
-           features: Sequence[list[Any]] | None = None, concurrency: int = 1, ratings: bool = True) -> dict:
+           features: Sequence[list[Any]] | None = None, concurrency: int = 1, ratings: bool = True,
+           costs: tuple[float, float] | None = None, prune_margin: float | None = None) -> dict:
     """Replay one drafter over every recorded request. `concurrency` requests are in flight at
     once, in order, each finished one replaced by the next (continuous batching); a step drafts
     for every request in flight in one propose call, so drafters that learn from other requests
     see them as a server would. `features`: per record the target's aux hidden states (drafters
     whose capabilities say uses_target_states); `ratings`: tabulate acceptance by the drafter's
-    own node ratings (`rating_table`; off for drafters whose trees carry none)."""
+    own node ratings (`rating_table`; off for drafters whose trees carry none).
+
+    `costs` = (row, step): what a verified draft row and a speculative step cost, in plain steps
+    (at one client, where a plain step emits one token); then `modeled_speedup` = output tokens /
+    (steps + row x rows verified + step x speculative steps), the ratio to no speculation those
+    costs imply. `prune_margin`: also cut drafts as budget.gain.confidence does with those costs
+    held fixed and times the margin: each tree to the longest prefix whose nodes' calibrated
+    worth (DraftCalibration over the rating, learnt from the replay's own verified nodes) pays
+    for a row, the step's drafts dropped unless their net gain pays for the step."""
     from vllm_treespec.drafters import DraftInputs
     from vllm_treespec.drafters.base import TargetStates
 
-    from vllm_treespec.budget.confidence import path_probs
+    from vllm_treespec.budget.confidence import GREEDY_CLASS, DraftCalibration, path_probs
 
     steps = drafted_steps = accepted = nodes = 0
     draft_s = 0.0
@@ -181,6 +204,8 @@ def replay(drafter: Any, budget: int, records: Sequence[dict], max_len: int = 10
     slots = max(1, concurrency)
     if features is not None and slots > 1:
         raise ValueError("drafters that read target states replay at concurrency 1 only")
+    calibration = DraftCalibration() if prune_margin is not None else None
+    rows_verified = spec_steps = 0
     buf = np.zeros((slots, max_len), dtype=np.int32)
     active: list[dict] = []                    # {r, slot, t, committed}
     pending = list(range(len(records)))
@@ -217,11 +242,21 @@ def replay(drafter: Any, budget: int, records: Sequence[dict], max_len: int = 10
         draft_s += time.perf_counter() - start
         for a, n, tail in zip(active, lens, saved):
             buf[a["slot"], n:] = tail
+        if calibration is not None:
+            trees = prune_by_confidence(list(trees), calibration, prune_margin * costs[0],
+                                        prune_margin * costs[1])
+        step_rows = sum(t.num_draft for t in trees)
+        rows_verified += step_rows
+        spec_steps += step_rows > 0
         finished = []
         for a, tree, m in zip(active, trees, remaining):
             out = records[a["r"]]["output_ids"]
             path = accepted_path(tree.tokens, tree.parents, out[a["t"]:]) if tree.num_draft else []
             acc = min(len(path), m - 1)
+            if calibration is not None and tree.num_draft:
+                hit = np.zeros(tree.num_draft, dtype=bool)
+                hit[np.asarray(path[:acc], dtype=np.int64) - 1] = True
+                calibration.observe(GREEDY_CLASS, path_probs(tree), hit)
             if ratings and tree.num_draft:
                 b = np.minimum((path_probs(tree) * RATING_BINS).astype(np.int64), RATING_BINS - 1)
                 np.add.at(rated, b, 1.0)
@@ -242,10 +277,34 @@ def replay(drafter: Any, budget: int, records: Sequence[dict], max_len: int = 10
             active.remove(a)
             free.append(a["slot"])
     total = sum(len(rec["output_ids"]) - 1 for rec in records)
+    modeled = None
+    if costs is not None:
+        modeled = total / (steps + costs[0] * rows_verified + costs[1] * spec_steps)
     return {"tau": 1 + accepted / max(drafted_steps, 1), "tokens_per_step": total / max(steps, 1),
+            "modeled_speedup": modeled, "costs": list(costs) if costs else None, "prune_margin": prune_margin,
+            "rows_verified": rows_verified, "speculative_steps": spec_steps,
             "steps": steps, "drafted_steps": drafted_steps, "accepted": accepted,
             "mean_nodes": nodes / max(drafted_steps, 1), "draft_ms_per_step": 1e3 * draft_s / max(steps, 1),
             "drafted_share": drafted_steps / max(steps, 1), "ratings": rating_table(rated, rated_hits)}
+
+
+def prune_by_confidence(trees: list[Any], calibration: Any, row_cost: float, step_cost: float) -> list[Any]:
+    """budget.gain.confidence's cut with fixed costs (see `replay`): each tree to the prefix whose
+    calibrated worth pays for its rows, all of them to nothing if the step's net gain does not
+    pay for a speculative step."""
+    from vllm_treespec.budget.confidence import GREEDY_CLASS, batch_path_probs, keep_prefixes
+
+    drafted = [i for i, t in enumerate(trees) if t.num_draft]
+    if not drafted:
+        return trees
+    probs, offsets = batch_path_probs([trees[i] for i in drafted])
+    kept, net = keep_prefixes(calibration.worth(GREEDY_CLASS, probs), offsets, row_cost)
+    kept[net <= 0] = 0
+    if net[kept > 0].sum() <= step_cost:
+        kept[:] = 0
+    for i, n in zip(drafted, kept.tolist()):
+        trees[i] = trees[i].prefix(n)
+    return trees
 
 
 class SuffixReplay:
@@ -293,8 +352,13 @@ class SuffixReplay:
             self.seen.pop(req, None)
 
 
-def prompt_texts(kind: str, num: int, seed: int) -> list[str]:
-    """The replay's prompts: held-out stdlib files or unseen third-party function heads."""
+def prompt_texts(kind: str, num: int, seed: int) -> list[Any]:
+    """The replay's prompts: held-out stdlib files, unseen third-party function heads (texts), or
+    the first `num` chat requests of bench_matrix's MT-Bench + HumanEval pool (message lists)."""
+    if kind == "chat":
+        from chat_prompts import chat_pool
+
+        return [p.messages for p in chat_pool(seed)[:num]]
     if kind == "unseen":
         from unseen_prompts import build_prompts
 
@@ -319,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     hf_model, features = None, {}
     print(f"{'config':34s} {'budget':>6s} {'conc':>4s} {'tau':>6s} {'tok/step':>8s} {'nodes':>6s} "
-          f"{'draft ms':>8s}")
+          f"{'draft ms':>8s} {'drafted':>6s}{'  modeled' if ns.costs else ''}")
 
     def make(cfg: Any, budget: int) -> tuple[Any, int, Any]:
         """(drafter, node budget, target features or None) for one config."""
@@ -348,12 +412,14 @@ def main(argv: list[str] | None = None) -> int:
                 drafter, nodes, feats = make(cfg, budget)   # fresh: nothing learnt from another run
                 row = {"config": name, "budget": budget, "concurrency": concurrency,
                        **replay(drafter, nodes, records, features=feats, concurrency=concurrency,
-                                ratings=cfg != "suffix"),
+                                ratings=cfg != "suffix", costs=ns.costs,
+                                prune_margin=ns.prune_margin if cfg != "suffix" else None),
                        "treespec": None if cfg == "suffix" else cfg}
                 rows.append(row)
+                modeled = "" if row["modeled_speedup"] is None else f" {row['modeled_speedup']:7.3f}x"
                 print(f"{name:34s} {budget:6d} {concurrency:4d} {row['tau']:6.2f} "
                       f"{row['tokens_per_step']:8.2f} {row['mean_nodes']:6.1f} "
-                      f"{row['draft_ms_per_step']:8.3f}", flush=True)
+                      f"{row['draft_ms_per_step']:8.3f} {row['drafted_share']:6.2f}{modeled}", flush=True)
                 if ns.ratings:
                     for r in row["ratings"]:
                         print(f"    rated {r['rating'][0]:.2f}-{r['rating'][1]:.2f}: {r['nodes']:6d} nodes, "
