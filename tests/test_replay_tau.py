@@ -59,3 +59,25 @@ def test_the_rating_table_counts_every_drafted_node_and_its_acceptance():
     hits = sum(r["nodes"] * r["accepted_share"] for r in row["ratings"])
     assert hits == pytest.approx(row["accepted"])          # no output is cut short by max_tokens here
     assert all(0.0 <= r["accepted_share"] <= 1.0 for r in row["ratings"])
+
+
+def test_modeled_speedup_prices_rows_and_speculative_steps():
+    free = replay_tau.replay(_online_drafter(), 24, RECORDS, max_len=64, costs=(0.0, 0.0))
+    total = sum(len(r["output_ids"]) - 1 for r in RECORDS)
+    assert free["modeled_speedup"] == pytest.approx(free["tokens_per_step"])
+    assert free["rows_verified"] == round(free["mean_nodes"] * free["drafted_share"] * free["steps"])
+    priced = replay_tau.replay(_online_drafter(), 24, RECORDS, max_len=64, costs=(0.1, 0.5))
+    assert priced["modeled_speedup"] == pytest.approx(
+        total / (priced["steps"] + 0.1 * priced["rows_verified"] + 0.5 * priced["speculative_steps"]))
+    assert priced["modeled_speedup"] < free["modeled_speedup"]
+
+
+def test_the_confidence_cut_drops_drafts_that_cannot_pay_and_keeps_free_ones():
+    uncut = replay_tau.replay(_online_drafter(), 24, RECORDS, max_len=64, costs=(0.0, 0.0))
+    free = replay_tau.replay(_online_drafter(), 24, RECORDS, max_len=64, costs=(0.0, 0.0), prune_margin=1.5)
+    assert free["rows_verified"] == uncut["rows_verified"] and free["accepted"] == uncut["accepted"]
+    dear = replay_tau.replay(_online_drafter(), 24, RECORDS, max_len=64, costs=(1.5, 0.0), prune_margin=1.0)
+    total = sum(len(r["output_ids"]) - 1 for r in RECORDS)
+    assert dear["rows_verified"] == 0 and dear["steps"] == total      # no node is worth 1.5 tokens
+    step = replay_tau.replay(_online_drafter(), 24, RECORDS, max_len=64, costs=(0.0, 100.0), prune_margin=1.0)
+    assert step["speculative_steps"] == 0                             # no draft pays a 100-token step
