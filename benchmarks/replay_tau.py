@@ -21,6 +21,9 @@ joins the global tree when the request finishes, as vLLM's proposer does):
     .venv/bin/python benchmarks/replay_tau.py --prompts unseen --num-prompts 64 --budgets 24 \
         --configs lookup-online suffix
 
+`--configs ngram` replays vLLM's `ngram` the same way (its own match function, n-gram range 1-4
+as the benchmarks serve it, `--budgets` tokens after the match).
+
 tau here = 1 + accepted / steps-with-a-draft (the serving benchmark's definition); also printed:
 tokens per step over all steps, and drafting time per step (drafter + builder, one thread). The
 record also keeps, per config, the share of steps with a draft and, per bin of the drafter's own
@@ -49,6 +52,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+VLLM_METHODS = ("suffix", "ngram")    # replayed by SuffixReplay / NgramReplay, not treespec configs
 DEFAULT_CONFIGS = ("prompt-lookup", "prompt-lookup-tree", "demo/ngram-trie", "demo/ngram-trie-tree",
                    "ngram-trie-beam-dart")
 INLINE = {
@@ -352,6 +356,40 @@ class SuffixReplay:
             self.seen.pop(req, None)
 
 
+class NgramReplay:
+    """vLLM 0.32's `ngram` proposer over the replay's interface: its own longest-suffix match
+    (v1/spec_decode/ngram_proposer.py, called directly) over the request's tokens, the match
+    range the benchmarks serve it with (harness/comparison.py), `budget` tokens after the match.
+    Its drafts are chains."""
+
+    class _Caps:
+        observes_output = False
+        uses_target_states = False
+
+    capabilities = _Caps()
+
+    def __init__(self, max_model_len: int = 1024) -> None:
+        from harness.comparison import NGRAM_MAX, NGRAM_MIN
+
+        self.min_n, self.max_n, self.max_model_len = NGRAM_MIN, NGRAM_MAX, max_model_len
+
+    def propose(self, inputs: Any) -> Any:
+        from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens
+
+        from vllm_treespec.drafters.base import Proposal, chain_trees
+
+        chains = []
+        for row, n, budget in zip(inputs.rows, inputs.num_tokens, inputs.budgets):
+            tokens = inputs.token_ids[int(row), :int(n)].copy()
+            draft = _find_longest_matched_ngram_and_propose_tokens(
+                tokens, self.min_n, self.max_n, self.max_model_len, int(budget))
+            chains.append([int(t) for t in draft])
+        return Proposal(chain_trees(inputs, chains))
+
+    def on_requests_finished(self, req_ids: Sequence[str]) -> None:
+        pass
+
+
 def prompt_texts(kind: str, num: int, seed: int) -> list[Any]:
     """The replay's prompts: held-out stdlib files, unseen third-party function heads (texts), or
     the first `num` chat requests of bench_matrix's MT-Bench + HumanEval pool (message lists)."""
@@ -390,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
         nonlocal hf_model
         if cfg == "suffix":
             return SuffixReplay(), budget, None
+        if cfg == "ngram":
+            return NgramReplay(), budget, None
         config = from_additional_config({"treespec": cfg}, budget)
         drafter = make_drafter(config.drafter, str(model_dir), config.tree, max_model_len=1024,
                                max_nodes=config.node_budget(budget), vocab_limit=vocab_size)
@@ -412,9 +452,9 @@ def main(argv: list[str] | None = None) -> int:
                 drafter, nodes, feats = make(cfg, budget)   # fresh: nothing learnt from another run
                 row = {"config": name, "budget": budget, "concurrency": concurrency,
                        **replay(drafter, nodes, records, features=feats, concurrency=concurrency,
-                                ratings=cfg != "suffix", costs=ns.costs,
-                                prune_margin=ns.prune_margin if cfg != "suffix" else None),
-                       "treespec": None if cfg == "suffix" else cfg}
+                                ratings=cfg not in VLLM_METHODS, costs=ns.costs,
+                                prune_margin=ns.prune_margin if cfg not in VLLM_METHODS else None),
+                       "treespec": None if cfg in VLLM_METHODS else cfg}
                 rows.append(row)
                 modeled = "" if row["modeled_speedup"] is None else f" {row['modeled_speedup']:7.3f}x"
                 print(f"{name:34s} {budget:6d} {concurrency:4d} {row['tau']:6.2f} "

@@ -81,3 +81,13 @@ def test_the_confidence_cut_drops_drafts_that_cannot_pay_and_keeps_free_ones():
     assert dear["rows_verified"] == 0 and dear["steps"] == total      # no node is worth 1.5 tokens
     step = replay_tau.replay(_online_drafter(), 24, RECORDS, max_len=64, costs=(0.0, 100.0), prune_margin=1.0)
     assert step["speculative_steps"] == 0                             # no draft pays a 100-token step
+
+
+def test_the_ngram_replay_copies_the_requests_own_repeats_up_to_its_budget():
+    """vLLM's ngram over the replay: the prompt repeats a 5-token cycle that the output goes on
+    repeating, so every step after the first drafts `budget` tokens and accepts them all."""
+    cycle = [5, 6, 7, 8, 9]
+    records = [{"prompt_ids": cycle * 2, "output_ids": cycle * 4}]
+    row = replay_tau.replay(replay_tau.NgramReplay(), 3, records, max_len=64, ratings=False)
+    assert row["mean_nodes"] == pytest.approx(3.0)
+    assert row["accepted"] >= 3 * (row["drafted_steps"] - 1)
