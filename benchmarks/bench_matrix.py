@@ -603,12 +603,16 @@ def build_prompt_sets(kind: str, set_sizes: Sequence[int], n_warm: int, seed: in
         sets = [[p.text for p in pool[a:a + n]] for a, n in zip(starts, set_sizes)]
         return sets, [p.text for p in pool[-n_warm:]], {
             **describe(pool, seed), "kind": "code", "ids": [f"{p.path}:{p.lineno}" for p in pool]}
-    from chat_prompts import chat_pool, describe as describe_chat, prompt_sets
+    from chat_prompts import chat_pool, describe as describe_chat, prompt_sets, seen_before
 
     pool = chat_pool(seed)
     warmup, rest = pool[-n_warm:], pool[:-n_warm]
     sets, repeats = prompt_sets(rest, set_sizes)
-    return sets, warmup, {**describe_chat(pool, seed), "repeated_prompts": repeats,
+    if repeats:
+        _log(f"warning: {repeats} of {sum(set_sizes)} chat prompts repeat earlier ones (the pool has {len(rest)}); "
+             "drafters that learn from served outputs (vLLM suffix, lookup-online) draft those from their "
+             "earlier answers, a greedy repeat word for word. Per set: record prompts.seen_before")
+    return sets, warmup, {**describe_chat(pool, seed), "repeated_prompts": repeats, "seen_before": seen_before(sets),
                           "ids": [[p.id for p in s] for s in sets]}
 
 

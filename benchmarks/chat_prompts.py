@@ -94,6 +94,18 @@ def prompt_sets(pool: Sequence[ChatPrompt], sizes: Sequence[int]) -> tuple[list[
     return sets, max(0, pos - len(pool))
 
 
+def seen_before(sets: Sequence[Sequence[ChatPrompt]]) -> list[int]:
+    """Per set, how many of its prompts an earlier set already held: a server whose drafter
+    learns from what it served (vLLM `suffix`, `lookup-online`) drafts a repeated prompt from its
+    earlier answer, word for word when both are greedy."""
+    seen: set[str] = set()
+    out = []
+    for one in sets:
+        out.append(sum(p.id in seen for p in one))
+        seen.update(p.id for p in one)
+    return out
+
+
 def prompts_sha256(prompts: Sequence[ChatPrompt]) -> str:
     return hashlib.sha256("\x00".join(p.id + "\x01" + p.content for p in prompts).encode()).hexdigest()
 

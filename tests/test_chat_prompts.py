@@ -38,3 +38,9 @@ def test_chat_messages_of_each_prompt_kind():
     cp = ChatPrompt("x/0", "mt_bench", "hello")
     assert chat_messages(cp) == [{"role": "user", "content": "hello"}]
     assert chat_messages([{"role": "user", "content": "hi"}]) == [{"role": "user", "content": "hi"}]
+
+
+def test_seen_before_counts_each_sets_prompts_held_by_an_earlier_set():
+    sets, _ = prompt_sets(_pool(5), [3, 4, 2])
+    assert chat_prompts.seen_before(sets) == [0, 2, 2]
+    assert chat_prompts.seen_before(prompt_sets(_pool(9), [3, 3, 3])[0]) == [0, 0, 0]
