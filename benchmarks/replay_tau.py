@@ -257,14 +257,17 @@ def replay(drafter: Any, budget: int, records: Sequence[dict], max_len: int = 10
             out = records[a["r"]]["output_ids"]
             path = accepted_path(tree.tokens, tree.parents, out[a["t"]:]) if tree.num_draft else []
             acc = min(len(path), m - 1)
-            if calibration is not None and tree.num_draft:
-                hit = np.zeros(tree.num_draft, dtype=bool)
-                hit[np.asarray(path[:acc], dtype=np.int64) - 1] = True
-                calibration.observe(GREEDY_CLASS, path_probs(tree), hit)
-            if ratings and tree.num_draft:
-                b = np.minimum((path_probs(tree) * RATING_BINS).astype(np.int64), RATING_BINS - 1)
-                np.add.at(rated, b, 1.0)
-                np.add.at(rated_hits, b[np.asarray(path[:acc], dtype=np.int64) - 1], 1.0)
+            if (calibration is not None or ratings) and tree.num_draft:
+                probs = path_probs(tree)                        # each node's rating, computed once
+                hit = np.asarray(path[:acc], dtype=np.int64) - 1   # accepted nodes' indices
+                if calibration is not None:
+                    accepted_mask = np.zeros(tree.num_draft, dtype=bool)
+                    accepted_mask[hit] = True
+                    calibration.observe(GREEDY_CLASS, probs, accepted_mask)
+                if ratings:
+                    b = np.minimum((probs * RATING_BINS).astype(np.int64), RATING_BINS - 1)
+                    np.add.at(rated, b, 1.0)
+                    np.add.at(rated_hits, b[hit], 1.0)
             steps += 1
             if tree.num_draft:
                 drafted_steps += 1
