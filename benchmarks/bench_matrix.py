@@ -25,7 +25,8 @@ package: benchmarks/install_suffix.sh); `default:K` (treespec with no `treespec`
 YAML path or inline JSON mapping, e.g. `demo/lookup-trie-distilled:32`). `off` is always served (added first when not named).
 
 Fairness on a 2-core machine. All servers start up front (one after the other, ~2.5 GB RSS
-each: the free memory is checked first), get a short warm-up, then TAKE TURNS: in each regime
+each: the free memory is checked first; with --fresh-servers again before every round, so that
+no server answers a chat prompt twice), get a short warm-up, then TAKE TURNS: in each regime
 cell the prompts are split into batches of max(8, WAVES x concurrency) (--waves, default 2; at
 most all of them; --waves and --num-prompts take one value or one per --concurrency value, e.g.
 `--concurrency 1 8 32 --num-prompts 32 32 256 --waves 2 2 8`: at 32 clients a turn of 2 waves
@@ -82,9 +83,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 _HERE = Path(__file__).resolve().parent
 if str(_HERE) not in sys.path:              # unseen_prompts, bench_serving (also when imported by tests)
@@ -245,6 +247,18 @@ def batches(num_prompts: int, concurrency: int, waves: int = 2) -> list[range]:
     """Consecutive prompt index ranges of `batch_size` (the last may be shorter)."""
     size = batch_size(num_prompts, concurrency, waves)
     return [range(i, min(i + size, num_prompts)) for i in range(0, num_prompts, size)]
+
+
+def prompt_lifetimes(round_sizes: Sequence[int], rounds: int, shared: bool = False,
+                     fresh_servers: bool = False) -> list[list[int]]:
+    """The prompt-set sizes each server lifetime needs, one list per lifetime: one lifetime for the
+    whole run (every round's sets drawn from one pool, so none repeats while the pool lasts), one
+    per round with --fresh-servers, and a single set of the largest size with --shared-prompts."""
+    if shared:
+        return [[max(round_sizes)]]
+    if fresh_servers:
+        return [list(round_sizes) for _ in range(rounds)]
+    return [list(round_sizes) * rounds]
 
 
 def turn_order(num_configs: int, turn: int) -> list[int]:
@@ -547,6 +561,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="prompt sampling seed")
     p.add_argument("--shared-prompts", action="store_true",
                    help="the same prompts in every cell and round (default: fresh prompts per cell and round)")
+    p.add_argument("--fresh-servers", action="store_true",
+                   help="restart every server before each round (one after another, warmed up again), so "
+                        "no server answers a prompt twice: the chat pool holds 244 prompts, and drafters that "
+                        "learn from what they served (vLLM suffix, lookup-online) draft a repeat from their "
+                        "earlier answer. Round r's prompts come from the pool shuffled by --seed + r")
     p.add_argument("--output", type=Path, default=None,
                    help="JSON path (default: benchmarks/results/bench_matrix_<fixture>.json); the PNG goes beside it")
     ns = p.parse_args(argv)
@@ -627,8 +646,6 @@ def prompts_digest(kind: str, prompts: Sequence[Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from contextlib import ExitStack
-
     from bench_serving import resolve_model
     from treespec_fixtures.prebuild import prebuild_engine_fixtures
     from harness.report import hardware_info, hardware_line, software_info
@@ -656,115 +673,143 @@ def main(argv: list[str] | None = None) -> int:
     _log(hardware_line(hw))
 
     # one prompt set per (round, cell), sized for its concurrency (--shared-prompts: one set,
-    # each cell taking its first prompts)
-    set_sizes = ([max(ns.prompts_for.values())] if ns.shared_prompts
-                 else [ns.prompts_for[r.concurrency] for _ in range(ns.rounds) for r in cells_spec])
+    # each cell taking its first prompts); --fresh-servers: each round's sets drawn for servers
+    # that have served nothing yet, from the pool shuffled by seed + round
+    round_sizes = [ns.prompts_for[r.concurrency] for r in cells_spec]
     n_warm = max(ns.concurrency)
     kind = prompt_kind(ns.prompts, model_dir)
     ignore_eos = ns.ignore_eos == "yes" or (ns.ignore_eos == "auto" and kind == "code")
-    _log(f"building {sum(set_sizes) + n_warm} {kind} prompts ...")
-    sets, warmup, prompts_record = build_prompt_sets(kind, set_sizes, n_warm, ns.seed)
+    lifetimes = prompt_lifetimes(round_sizes, ns.rounds, shared=ns.shared_prompts, fresh_servers=ns.fresh_servers)
+    _log(f"building {sum(map(sum, lifetimes)) + n_warm * len(lifetimes)} {kind} prompts ...")
+    built = [build_prompt_sets(kind, sizes, n_warm, ns.seed + i) for i, sizes in enumerate(lifetimes)]
+    sets = [one for b in built for one in b[0]]
+    warmups = [b[1] for b in built]
+    prompts_record = (built[0][2] if len(built) == 1
+                      else {"lifetimes": [b[2] for b in built], "seeds": [ns.seed + i for i in range(len(built))]})
     n_sets = len(sets)
     turns_total = ns.rounds * len(configs) * sum(
         len(batches(ns.prompts_for[r.concurrency], r.concurrency, ns.waves_for[r.concurrency])) for r in cells_spec)
     _log(f"{len(configs)} configs x {len(cells_spec)} regimes x {ns.rounds} round(s): {turns_total} turns, "
-         f"{_prompts_line(ns)} x {ns.max_tokens} tokens per cell")
+         f"{_prompts_line(ns)} x {ns.max_tokens} tokens per cell"
+         + (", servers restarted every round" if ns.fresh_servers else ""))
 
     started = dt.datetime.now(dt.timezone.utc)
     t_start = time.monotonic()
     samples: dict[tuple[int, str], dict[str, dict[str, Any]]] = {}    # (round, regime) -> label -> sample
-    servers_info = []
-    with ExitStack() as stack:
-        servers, clocks = [], []
-        clock_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench_matrix_clock_")))
-        for j, c in enumerate(configs):     # one after the other: never two startups at once
-            _log(f"[{c.label}] starting server ...")
-            t0 = time.monotonic()
-            clocks.append(new_clock(clock_dir / f"forward_{j}.bin"))
-            servers.append(stack.enter_context(serve(model_dir, c.args, base_args=base_args,
-                                                     env=clock_env(clocks[-1]))))
-            servers_info.append({"spec": c.spec, "label": c.label, "args": list(c.args),
-                                 "startup_s": round(time.monotonic() - t0, 1), "dtype": server_dtype(servers[-1])})
-            if ns.pin_frontend:
-                servers_info[-1]["cores"] = pin_frontend(servers[-1])
-        if ns.pin_frontend:     # the client too, once every server has started with all cores
-            os.sched_setaffinity(0, servers_info[0]["cores"]["frontend"])
-        for c, s, info in zip(configs, servers, servers_info):
-            for t in sorted(set(ns.temperatures)):
-                run_load(s, warmup, max_tokens=WARMUP_MAX_TOKENS, concurrency=n_warm, temperature=t,
-                         ignore_eos=ignore_eos)
-            time.sleep(ns.idle_gap)
-            info["rss_mib_after_warmup"] = server_rss_mib(s)
-        _log("servers: " + ", ".join(f"{i['label']} {i['dtype']} {i['rss_mib_after_warmup']} MiB"
-                                     for i in servers_info))
-        off = servers[0]
-        turn = 0
-        for rnd in range(ns.rounds):
-            for ci, reg in enumerate(cells_spec):
-                prompts = (sets[0][:ns.prompts_for[reg.concurrency]] if ns.shared_prompts
-                           else sets[rnd * len(cells_spec) + ci])
-                before = [scrape_spec_metrics(s) for s in servers]
+    servers_info: list[dict[str, Any]] = []
+    turn = 0
+
+    @contextmanager
+    def fleet(life: int) -> Iterator[tuple[list[Any], list[Any]]]:
+        """Every config's server started one after the other (never two startups at once) and
+        warmed up on this lifetime's warm-up prompts; stopped on exit."""
+        with ExitStack() as stack:
+            if ns.pin_frontend:     # servers inherit this process's cores: give them all back first
+                os.sched_setaffinity(0, range(os.cpu_count() or 1))
+            clock_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench_matrix_clock_")))
+            servers, clocks, infos = [], [], []
+            for j, c in enumerate(configs):
+                _log(f"[{c.label}] starting server ...")
+                t0 = time.monotonic()
+                clocks.append(new_clock(clock_dir / f"forward_{j}.bin"))
+                servers.append(stack.enter_context(serve(model_dir, c.args, base_args=base_args,
+                                                         env=clock_env(clocks[-1]))))
+                infos.append({"spec": c.spec, "label": c.label, "args": list(c.args),
+                              "startup_s": round(time.monotonic() - t0, 1), "dtype": server_dtype(servers[-1])})
+                if ns.fresh_servers:
+                    infos[-1]["round"] = life
+                if ns.pin_frontend:
+                    infos[-1]["cores"] = pin_frontend(servers[-1])
+            if ns.pin_frontend:     # the client too, once every server has started with all cores
+                os.sched_setaffinity(0, infos[0]["cores"]["frontend"])
+            for s, info in zip(servers, infos):
+                for t in sorted(set(ns.temperatures)):
+                    run_load(s, warmups[min(life, len(warmups) - 1)], max_tokens=WARMUP_MAX_TOKENS,
+                             concurrency=n_warm, temperature=t, ignore_eos=ignore_eos)
                 time.sleep(ns.idle_gap)
-                outputs: list[list[Any]] = [[None] * len(prompts) for _ in configs]
-                prompt_ids: list[Any] = [None] * len(prompts)
-                secs: list[list[float]] = [[] for _ in configs]
-                fwd: list[list[float]] = [[] for _ in configs]
-                turn_parts: list[list[dict[str, list[float]]]] = [[] for _ in configs]
-                turn_toks: list[list[int]] = [[] for _ in configs]
-                toks = [0] * len(configs)
-                for batch in batches(len(prompts), reg.concurrency, ns.waves_for[reg.concurrency]):
-                    for j in turn_order(len(configs), turn):
-                        clock_before = read_slots(clocks[j])
-                        load = run_load(servers[j], [prompts[i] for i in batch], max_tokens=ns.max_tokens,
-                                        concurrency=reg.concurrency, temperature=reg.temperature,
-                                        ignore_eos=ignore_eos)
-                        secs[j].append(load.wall_s)
-                        parts = slot_deltas(read_slots(clocks[j]), clock_before)
-                        fwd[j].append(parts["forward"][0])
-                        turn_parts[j].append({k: [round(v[0], 6), v[1]] for k, v in parts.items()})
-                        turn_toks[j].append(load.output_tokens)
-                        toks[j] += load.output_tokens
-                        for i, r in zip(batch, load.requests):
-                            outputs[j][i] = r.token_ids
-                            if j == 0:
-                                prompt_ids[i] = r.prompt_token_ids
-                        time.sleep(ns.idle_gap)
-                    turn += 1
-                deltas = [scrape_spec_metrics(s) - b for s, b in zip(servers, before)]
-                cell: dict[str, dict[str, Any]] = {}
-                for j, c in enumerate(configs):
-                    d = deltas[j]
-                    entry = {"output_tokens": toks[j], "seconds": sum(secs[j]), "turn_seconds": secs[j],
-                             "turn_forward_seconds": fwd[j],
-                             "turn_parts": turn_parts[j],
-                             "turn_tokens": turn_toks[j],
-                             "tau": d.tau, "acceptance_rate": d.acceptance_rate,
-                             "drafts": d.drafts if d.present else None,
-                             "draft_tokens": d.draft_tokens if d.present else None,
-                             "accepted_tokens": d.accepted if d.present else None,
-                             "prompts_sha256": prompts_digest(kind, prompts)}
-                    if reg.greedy and j > 0:
-                        equal = sum(a == b for a, b in zip(outputs[j], outputs[0]))
-                        entry["equal"] = [equal, len(prompts)]
-                        entry["mismatches"] = [
-                            {"prompt_index": i, **explain_mismatch(off, prompts[i], outputs[0][i], outputs[j][i],
-                                                             prompt_ids[i])}
-                            for i in range(len(prompts)) if outputs[j][i] != outputs[0][i]]
-                    cell[c.label] = entry
-                if any(e.get("mismatches") for e in cell.values()):
+                info["rss_mib_after_warmup"] = server_rss_mib(s)
+            _log("servers: " + ", ".join(f"{i['label']} {i['dtype']} {i['rss_mib_after_warmup']} MiB"
+                                         for i in infos))
+            servers_info.extend(infos)
+            yield servers, clocks
+
+    def run_round(rnd: int, servers: list[Any], clocks: list[Any]) -> None:
+        nonlocal turn
+        off = servers[0]
+        for ci, reg in enumerate(cells_spec):
+            prompts = (sets[0][:ns.prompts_for[reg.concurrency]] if ns.shared_prompts
+                       else sets[rnd * len(cells_spec) + ci])
+            before = [scrape_spec_metrics(s) for s in servers]
+            time.sleep(ns.idle_gap)
+            outputs: list[list[Any]] = [[None] * len(prompts) for _ in configs]
+            prompt_ids: list[Any] = [None] * len(prompts)
+            secs: list[list[float]] = [[] for _ in configs]
+            fwd: list[list[float]] = [[] for _ in configs]
+            turn_parts: list[list[dict[str, list[float]]]] = [[] for _ in configs]
+            turn_toks: list[list[int]] = [[] for _ in configs]
+            toks = [0] * len(configs)
+            for batch in batches(len(prompts), reg.concurrency, ns.waves_for[reg.concurrency]):
+                for j in turn_order(len(configs), turn):
+                    clock_before = read_slots(clocks[j])
+                    load = run_load(servers[j], [prompts[i] for i in batch], max_tokens=ns.max_tokens,
+                                    concurrency=reg.concurrency, temperature=reg.temperature,
+                                    ignore_eos=ignore_eos)
+                    secs[j].append(load.wall_s)
+                    parts = slot_deltas(read_slots(clocks[j]), clock_before)
+                    fwd[j].append(parts["forward"][0])
+                    turn_parts[j].append({k: [round(v[0], 6), v[1]] for k, v in parts.items()})
+                    turn_toks[j].append(load.output_tokens)
+                    toks[j] += load.output_tokens
+                    for i, r in zip(batch, load.requests):
+                        outputs[j][i] = r.token_ids
+                        if j == 0:
+                            prompt_ids[i] = r.prompt_token_ids
                     time.sleep(ns.idle_gap)
-                samples[(rnd, reg.label)] = cell
-                base = cell[BASELINE]["output_tokens"] / max(cell[BASELINE]["seconds"], 1e-9)
-                parts = [f"off {base:.1f} tok/s"]
-                for c in configs[1:]:
-                    e = cell[c.label]
-                    paired = paired_ratio(_turns(e, cell[BASELINE]))
-                    corrected = paired_corrected_ratio(_corrected_turns(e, cell[BASELINE]))
-                    parts.append(f"{c.label} {paired:.2f}x"
-                                 + (f" (corrected {corrected:.3f})" if corrected is not None else "")
-                                 + (f" tau {e['tau']:.2f}" if e["tau"] is not None else "")
-                                 + (f" eq {e['equal'][0]}/{e['equal'][1]}" if "equal" in e else ""))
-                _log(f"[round {rnd + 1}/{ns.rounds}] {reg.label}: " + " | ".join(parts))
+                turn += 1
+            deltas = [scrape_spec_metrics(s) - b for s, b in zip(servers, before)]
+            cell: dict[str, dict[str, Any]] = {}
+            for j, c in enumerate(configs):
+                d = deltas[j]
+                entry = {"output_tokens": toks[j], "seconds": sum(secs[j]), "turn_seconds": secs[j],
+                         "turn_forward_seconds": fwd[j],
+                         "turn_parts": turn_parts[j],
+                         "turn_tokens": turn_toks[j],
+                         "tau": d.tau, "acceptance_rate": d.acceptance_rate,
+                         "drafts": d.drafts if d.present else None,
+                         "draft_tokens": d.draft_tokens if d.present else None,
+                         "accepted_tokens": d.accepted if d.present else None,
+                         "prompts_sha256": prompts_digest(kind, prompts)}
+                if reg.greedy and j > 0:
+                    equal = sum(a == b for a, b in zip(outputs[j], outputs[0]))
+                    entry["equal"] = [equal, len(prompts)]
+                    entry["mismatches"] = [
+                        {"prompt_index": i, **explain_mismatch(off, prompts[i], outputs[0][i], outputs[j][i],
+                                                         prompt_ids[i])}
+                        for i in range(len(prompts)) if outputs[j][i] != outputs[0][i]]
+                cell[c.label] = entry
+            if any(e.get("mismatches") for e in cell.values()):
+                time.sleep(ns.idle_gap)
+            samples[(rnd, reg.label)] = cell
+            base = cell[BASELINE]["output_tokens"] / max(cell[BASELINE]["seconds"], 1e-9)
+            parts = [f"off {base:.1f} tok/s"]
+            for c in configs[1:]:
+                e = cell[c.label]
+                paired = paired_ratio(_turns(e, cell[BASELINE]))
+                corrected = paired_corrected_ratio(_corrected_turns(e, cell[BASELINE]))
+                parts.append(f"{c.label} {paired:.2f}x"
+                             + (f" (corrected {corrected:.3f})" if corrected is not None else "")
+                             + (f" tau {e['tau']:.2f}" if e["tau"] is not None else "")
+                             + (f" eq {e['equal'][0]}/{e['equal'][1]}" if "equal" in e else ""))
+            _log(f"[round {rnd + 1}/{ns.rounds}] {reg.label}: " + " | ".join(parts))
+
+    if ns.fresh_servers:
+        for rnd in range(ns.rounds):
+            with fleet(rnd) as (servers, clocks):
+                run_round(rnd, servers, clocks)
+    else:
+        with fleet(0) as (servers, clocks):
+            for rnd in range(ns.rounds):
+                run_round(rnd, servers, clocks)
     wall = time.monotonic() - t_start
 
     cells = []
@@ -820,7 +865,8 @@ def main(argv: list[str] | None = None) -> int:
                      "max_tokens": ns.max_tokens, "concurrencies": ns.concurrency,
                      "temperatures": ns.temperatures, "rounds": ns.rounds, "idle_gap_s": ns.idle_gap,
                      "pin_frontend": ns.pin_frontend,
-                     "seed": ns.seed, "shared_prompts": ns.shared_prompts, "ignore_eos": ignore_eos,
+                     "seed": ns.seed, "shared_prompts": ns.shared_prompts, "fresh_servers": ns.fresh_servers,
+                     "ignore_eos": ignore_eos,
                      "waves": _one_or_per_concurrency(ns.waves_for),
                      "batch_rule": "max(8, waves x concurrency), at most num_prompts; order rotates by one per batch",
                      "warmup": {"prompts": n_warm, "max_tokens": WARMUP_MAX_TOKENS,

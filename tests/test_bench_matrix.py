@@ -112,6 +112,12 @@ def test_prompts_and_waves_per_concurrency():
         bm.parse_args(["--configs", "off", "--concurrency", "1", "8", "--num-prompts", "1", "2", "3"])
 
 
+def test_prompt_lifetimes_draw_one_pool_per_server_lifetime():
+    assert bm.prompt_lifetimes([4, 8], rounds=3) == [[4, 8, 4, 8, 4, 8]]
+    assert bm.prompt_lifetimes([4, 8], rounds=3, fresh_servers=True) == [[4, 8], [4, 8], [4, 8]]
+    assert bm.prompt_lifetimes([4, 8], rounds=3, shared=True) == [[8]]
+
+
 def test_turn_rotation():
     n = 4
     orders = [bm.turn_order(n, t) for t in range(2 * n)]
