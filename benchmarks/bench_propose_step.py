@@ -1,7 +1,7 @@
 """The proposer's per-step time for a batch of idle sampled requests, without an engine.
 
 Why: at sampled loads the default drafts nothing, and what it still costs per step is the
-proposer's bookkeeping over every request in the batch (docs/never-slower.md section 4). This
+proposer's bookkeeping over every request in the batch (docs/never-slower.md section 1). This
 times the proposer's part of each step on a fake runner whose N requests are all stopped and
 waiting for their probe (the common sampled state), as the runner patches call it (a step of a
 quiet stretch is `take_quiet_step`, any other `propose_step`), in-process and hot, so it

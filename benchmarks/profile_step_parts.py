@@ -3,7 +3,7 @@ budget control, step plan, metadata, scheduler; in milliseconds per step and per
 
 Why: a speculative step costs more outside the model than a plain one (greedy at one client 4.0
 against 2.0 ms, `bench_paired`), and at sampled loads each of the default's rare probe steps pays
-that fixed cost for a fraction of a token (docs/never-slower.md section 6). Cutting it needs to
+that fixed cost for a fraction of a token (docs/never-slower.md section 4). Cutting it needs to
 know which parts it is made of, measured the same way before and after.
 
 Method. Each config gets an offline engine in its own process (engine in-process, fp32, as

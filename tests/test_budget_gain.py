@@ -39,7 +39,7 @@ def test_step_cost_recovers_base_request_row_and_overhead():
 def test_a_draft_row_is_priced_apart_from_a_request():
     """Served, a request costs its step the engine's per-request work besides its row; a draft
     row adds its row alone. One slope for both, fitted mostly on plain steps of varying batch,
-    priced a draft row near the whole per-request cost (docs/never-slower.md section 4)."""
+    priced a draft row near the whole per-request cost (docs/never-slower.md section 2)."""
     gain = GainControl(16)
     for _ in range(100):
         for q in (8, 16, 24, 32):

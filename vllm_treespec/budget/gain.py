@@ -78,7 +78,7 @@ def gain_class(temperature: float | None) -> str | None:
     greedy draft is accepted depends on the request's own text (prompt lookup on a repetitive
     file vs prose), a wrong first draft costs them only its rows, and a pooled prior held
     repetitive requests back for a probe interval (greedy at one client: 1.28x with it, 1.50x
-    without, docs/never-slower.md section 4)."""
+    without, docs/never-slower.md section 2)."""
     if ReachCap.sampling_class(temperature) != SAMPLED:
         return None
     return f"T{float(temperature):.1f}"
@@ -102,7 +102,7 @@ class StepCost:
       engine's per-request work (scheduling, output handling, sampling), which a draft row does
       not add, and when the two were one slope (fitted mostly on plain steps of varying batch)
       it priced a draft row at 32 greedy clients near the whole per-request cost, so most
-      drafts were cut (docs/never-slower.md section 4). `extra` is what a speculative step costs
+      drafts were cut (docs/never-slower.md section 2). `extra` is what a speculative step costs
       beyond the measured overhead and its rows (served: the engine core's handling of drafts);
       it is told apart from the rows by trees of different sizes and from the base by steps
       without drafts (budget.gain's calibration steps). Ridge terms of `prior_weight`
@@ -122,7 +122,7 @@ class StepCost:
         # equations and the means of its prior, in one matrix. Steps are queued and folded in
         # when a decision reads the fit (`_fold`, one matrix product): most idle sampled steps
         # decide nothing, and an update per step was a measurable part of the proposer's step
-        # (docs/never-slower.md section 4)
+        # (`bench_paired_c1_off_vs_default_t07_unseen_moments{,_run2}_code-lm.json`)
         self._moments = np.zeros((len(_TERMS), len(_TERMS)))
         self._queued: list[tuple[float, ...]] = []      # each step's terms
         self._overhead = 0.0         # decayed (per speculative step) measured overhead, its weight
@@ -285,7 +285,7 @@ class ClassAcceptance:
         are assumed to accept like the deepest ones observed, not at the optimistic constant,
         which priced a sampled request's deep nodes at 0.8 each and had it held (its draft
         paying by its own estimate, not the step's) at one sampled client for most steps
-        (docs/never-slower.md section 4)."""
+        (`probe_gain_lookup_online_t07_c1_class_rates_code-lm.json`)."""
         counts = self._counts.get(cls)
         if counts is None:
             return None
@@ -681,8 +681,8 @@ class GainControl:
         the next `probe_every` steps without deciding (`decide_without_cap`): while it does not
         draft its acceptance cannot change, so each step would decide it in full (its reach and
         the step's cost fit) only to hold it again. Served at one client and temperature 0.7,
-        that was a quarter of all decisions (docs/never-slower.md section 4). Greedy and seeded
-        requests decide again next step: a greedy request's drafts pay in whichever step the
+        that was a quarter of all decisions (`served_gain_lookup_online_t07_c1_code-lm.json`).
+        Greedy and seeded requests decide again next step: a greedy request's drafts pay in whichever step the
         others' make the step speculative, and a seeded one decides on its own history alone."""
         if record.cls is not None:
             record.held_for = self.probe_every

@@ -4,7 +4,7 @@ Why: budget.gain prices each draft from a fitted cost model, and what that model
 (drafter calls, rating, tree acceptance beyond the measured part, the engine's handling of drafts)
 can make drafting lose although every draft is rated as paying. No cost model fixes what it does
 not model; measuring the outcome does. It is a safety net: in the served matrix on the 2-core
-CPU (docs/never-slower.md section 4) it cost nothing measurable, and the one regime that read
+CPU (`bench_matrix_guard_ab_code-lm.json`, docs/never-slower.md section 2) it cost nothing measurable, and the one regime that read
 under 1 with drafting on (32 greedy clients) turned out to be the benchmark turn's drain, not
 drafting.
 

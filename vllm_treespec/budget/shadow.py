@@ -2,7 +2,7 @@
 to produce, instead of being verified in a speculative step.
 
 Why: a verified probe makes its whole step speculative. At one sampled client a speculative
-step costs about 2 ms more than a plain one outside the model (docs/never-slower.md section 6,
+step costs about 2 ms more than a plain one outside the model (docs/never-slower.md section 4,
 `profile_step_parts` records), and a 2-node probe at temperature 0.7 accepts 0.29 tokens: the
 probes were the one point the default lost against drafting turned off.
 

@@ -208,7 +208,7 @@ class BudgetControl:
         stretch ends (`end_quiet`). Why: at sampled loads most steps are such steps, and
         their per-request bookkeeping, a few microseconds hot, was most of what an idle
         speculative server spent beyond vLLM's own step with its caches cold
-        (docs/never-slower.md section 4). Only under a fixed budget policy (its choice cannot
+        (docs/never-slower.md section 1). Only under a fixed budget policy (its choice cannot
         change within the stretch) and a drafter that needs no call per step. Without
         budget.gain: `_unbudgeted_stretch`."""
         n = len(req_ids)
@@ -314,7 +314,7 @@ class BudgetControl:
         per request, nothing drafted or verified), its period for the guard and its worker-step
         time for the statistics, as `observe_step` and the proposer would have observed them, in
         order, each in one update (per step they were about a third of the full step that ended
-        the stretch, docs/never-slower.md section 4). The guard's verdict cannot change on them
+        the stretch, docs/never-slower.md section 1). The guard's verdict cannot change on them
         (`SpeculationGuard.steady_steps` bounds the stretch), so `SpeculationGuard.steady` adds
         them up."""
         quiet = self._quiet
@@ -650,7 +650,7 @@ def _guard_period(now: float, last: float | None, seconds: float) -> float | Non
     an idle gap would charge the gap to whichever side of a guard test it fell in, so traffic
     with gaps between requests flipped the guard's verdicts on nothing but the gaps (at one
     sampled client that cost the default its margin over its plain-step floor,
-    docs/never-slower.md section 4)."""
+    `bench_paired_plain_floor_vs_default{,_gap_filtered}_t07_c1_code-lm.json`)."""
     if last is None:
         return None
     period = now - last

@@ -9,7 +9,8 @@ Writes are buffered in the worker and flushed at most every `FLUSH_SECONDS` and 
 worker's last request finishes (`TreeMetrics.flush`). Why: in multiprocess mode each histogram
 sample or counter increment is a locked write into a shared file, microseconds each, and a step
 with nothing drafted made about ten of them; measured served, those idle steps were the
-worker's extra time over a server without speculation (docs/never-slower.md section 4). A
+worker's extra time over a server without speculation
+(`bench_matrix_step_parts_sampled{,_buffered_metrics}_code-lm.json`). A
 scrape therefore sees a busy worker's numbers up to `FLUSH_SECONDS` late, and everything once it
 is idle.
 
