@@ -698,6 +698,7 @@ def main(argv: list[str] | None = None) -> int:
     samples: dict[tuple[int, str], dict[str, dict[str, Any]]] = {}    # (round, regime) -> label -> sample
     servers_info: list[dict[str, Any]] = []
     turn = 0
+    own_cores = os.sched_getaffinity(0)     # what servers start with (--pin-frontend narrows ours later)
 
     @contextmanager
     def fleet(life: int) -> Iterator[tuple[list[Any], list[Any]]]:
@@ -705,7 +706,7 @@ def main(argv: list[str] | None = None) -> int:
         warmed up on this lifetime's warm-up prompts; stopped on exit."""
         with ExitStack() as stack:
             if ns.pin_frontend:     # servers inherit this process's cores: give them all back first
-                os.sched_setaffinity(0, range(os.cpu_count() or 1))
+                os.sched_setaffinity(0, own_cores)
             clock_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench_matrix_clock_")))
             servers, clocks, infos = [], [], []
             for j, c in enumerate(configs):
