@@ -44,6 +44,14 @@ by 30% (four processes and the client share two cores), and the median of many p
 holds still where the median of two or three pooled rounds does not. Every round's pooled ratio
 (summed tokens over summed seconds) is kept beside it (`ratio_rounds`).
 
+Steady ratios. Answers are streamed by default (--no-stream asks for whole answers), so every
+token has a time. A turn of W waves ends with its slowest request alone on the server, tau ~1 for
+a drafter and one row per step for everyone: continuous traffic never has that drain.
+`ratio_steady` is the same paired median over each turn's steady part, the tokens and seconds up
+to the moment the first client finds no prompt left (`LoadResult.steady`), i.e. while every
+client had a request in flight. The whole-turn ratio stays the acceptance measure; the steady one
+beside it says how much of a gap is the turn's drain.
+
 Drift-corrected ratios. Even the median of paired turns moved by tens of percent between runs
 here: an A/A pair (`off` against `off-sync`) read 0.65-1.06x. The VM's speed during a turn is
 what moves, and the model forward of the same rows is a yardstick of it. Every server therefore
@@ -250,14 +258,18 @@ def batches(num_prompts: int, concurrency: int, waves: int = 2) -> list[range]:
 
 
 def prompt_lifetimes(round_sizes: Sequence[int], rounds: int, shared: bool = False,
-                     fresh_servers: bool = False) -> list[list[int]]:
+                     fresh_servers: bool | str = False, lives_per_round: int = 1) -> list[list[int]]:
     """The prompt-set sizes each server lifetime needs, one list per lifetime: one lifetime for the
     whole run (every round's sets drawn from one pool, so none repeats while the pool lasts), one
-    per round with --fresh-servers, and a single set of the largest size with --shared-prompts."""
+    per round with --fresh-servers (`lives_per_round` per round with --fresh-servers temperature:
+    a round's cells split into that many consecutive lives, one per temperature), and a single set
+    of the largest size with --shared-prompts."""
     if shared:
         return [[max(round_sizes)]]
     if fresh_servers:
-        return [list(round_sizes) for _ in range(rounds)]
+        step = len(round_sizes) // lives_per_round
+        per_round = [list(round_sizes[i:i + step]) for i in range(0, len(round_sizes), step)]
+        return [sizes for _ in range(rounds) for sizes in per_round]
     return [list(round_sizes) * rounds]
 
 
@@ -429,7 +441,7 @@ def markdown_table(cells: Sequence[dict[str, Any]], labels: Sequence[str], key: 
     return "\n".join(lines)
 
 
-def interval_table(cells: Sequence[dict[str, Any]], labels: Sequence[str]) -> str:
+def interval_table(cells: Sequence[dict[str, Any]], labels: Sequence[str], key: str = "ratio") -> str:
     """Markdown: regime rows x config columns of `ratio (low-high)`, the raw paired median and its
     bootstrap interval; '-' where missing."""
     lines = ["| regime | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
@@ -437,7 +449,7 @@ def interval_table(cells: Sequence[dict[str, Any]], labels: Sequence[str]) -> st
         vals = []
         for label in labels:
             e = cell["configs"].get(label, {})
-            r, iv = e.get("ratio"), e.get("ratio_interval")
+            r, iv = e.get(key), e.get(f"{key}_interval")
             vals.append("-" if r is None else f"{r:.2f}x" + (f" ({iv[0]:.2f}-{iv[1]:.2f})" if iv else ""))
         lines.append(f"| {cell['regime']} | " + " | ".join(vals) + " |")
     return "\n".join(lines)
@@ -561,11 +573,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="prompt sampling seed")
     p.add_argument("--shared-prompts", action="store_true",
                    help="the same prompts in every cell and round (default: fresh prompts per cell and round)")
-    p.add_argument("--fresh-servers", action="store_true",
+    p.add_argument("--fresh-servers", nargs="?", const="round", default=None, choices=("round", "temperature"),
                    help="restart every server before each round (one after another, warmed up again), so "
                         "no server answers a prompt twice: the chat pool holds 244 prompts, and drafters that "
                         "learn from what they served (vLLM suffix, lookup-online) draft a repeat from their "
-                        "earlier answer. Round r's prompts come from the pool shuffled by --seed + r")
+                        "earlier answer. Lifetime i's prompts come from the pool shuffled by --seed + i. "
+                        "`--fresh-servers temperature`: before each temperature of each round, for runs "
+                        "whose rounds need more prompts than the pool holds")
+    p.add_argument("--no-stream", dest="stream", action="store_false",
+                   help="ask for whole answers instead of streamed ones (default: streamed, as chat users "
+                        "see them; streaming times every token and gives the steady ratio)")
     p.add_argument("--output", type=Path, default=None,
                    help="JSON path (default: benchmarks/results/bench_matrix_<fixture>.json); the PNG goes beside it")
     ns = p.parse_args(argv)
@@ -679,7 +696,10 @@ def main(argv: list[str] | None = None) -> int:
     n_warm = max(ns.concurrency)
     kind = prompt_kind(ns.prompts, model_dir)
     ignore_eos = ns.ignore_eos == "yes" or (ns.ignore_eos == "auto" and kind == "code")
-    lifetimes = prompt_lifetimes(round_sizes, ns.rounds, shared=ns.shared_prompts, fresh_servers=ns.fresh_servers)
+    temps = sorted(set(ns.temperatures), key=list(ns.temperatures).index)
+    lives_per_round = len(temps) if ns.fresh_servers == "temperature" else 1
+    lifetimes = prompt_lifetimes(round_sizes, ns.rounds, shared=ns.shared_prompts, fresh_servers=ns.fresh_servers,
+                                 lives_per_round=lives_per_round)
     _log(f"building {sum(map(sum, lifetimes)) + n_warm * len(lifetimes)} {kind} prompts ...")
     built = [build_prompt_sets(kind, sizes, n_warm, ns.seed + i) for i, sizes in enumerate(lifetimes)]
     sets = [one for b in built for one in b[0]]
@@ -691,7 +711,7 @@ def main(argv: list[str] | None = None) -> int:
         len(batches(ns.prompts_for[r.concurrency], r.concurrency, ns.waves_for[r.concurrency])) for r in cells_spec)
     _log(f"{len(configs)} configs x {len(cells_spec)} regimes x {ns.rounds} round(s): {turns_total} turns, "
          f"{_prompts_line(ns)} x {ns.max_tokens} tokens per cell"
-         + (", servers restarted every round" if ns.fresh_servers else ""))
+         + (f", servers restarted every {ns.fresh_servers}" if ns.fresh_servers else ""))
 
     started = dt.datetime.now(dt.timezone.utc)
     t_start = time.monotonic()
@@ -701,7 +721,7 @@ def main(argv: list[str] | None = None) -> int:
     own_cores = os.sched_getaffinity(0)     # what servers start with (--pin-frontend narrows ours later)
 
     @contextmanager
-    def fleet(life: int) -> Iterator[tuple[list[Any], list[Any]]]:
+    def fleet(life: int, temperatures: Sequence[float]) -> Iterator[tuple[list[Any], list[Any]]]:
         """Every config's server started one after the other (never two startups at once) and
         warmed up on this lifetime's warm-up prompts; stopped on exit."""
         with ExitStack() as stack:
@@ -724,7 +744,7 @@ def main(argv: list[str] | None = None) -> int:
             if ns.pin_frontend:     # the client too, once every server has started with all cores
                 os.sched_setaffinity(0, infos[0]["cores"]["frontend"])
             for s, info in zip(servers, infos):
-                for t in sorted(set(ns.temperatures)):
+                for t in sorted(set(temperatures)):
                     run_load(s, warmups[min(life, len(warmups) - 1)], max_tokens=WARMUP_MAX_TOKENS,
                              concurrency=n_warm, temperature=t, ignore_eos=ignore_eos)
                 time.sleep(ns.idle_gap)
@@ -734,10 +754,12 @@ def main(argv: list[str] | None = None) -> int:
             servers_info.extend(infos)
             yield servers, clocks
 
-    def run_round(rnd: int, servers: list[Any], clocks: list[Any]) -> None:
+    def run_round(rnd: int, servers: list[Any], clocks: list[Any], temperatures: Sequence[float]) -> None:
         nonlocal turn
         off = servers[0]
         for ci, reg in enumerate(cells_spec):
+            if reg.temperature not in temperatures:
+                continue
             prompts = (sets[0][:ns.prompts_for[reg.concurrency]] if ns.shared_prompts
                        else sets[rnd * len(cells_spec) + ci])
             before = [scrape_spec_metrics(s) for s in servers]
@@ -748,14 +770,16 @@ def main(argv: list[str] | None = None) -> int:
             fwd: list[list[float]] = [[] for _ in configs]
             turn_parts: list[list[dict[str, list[float]]]] = [[] for _ in configs]
             turn_toks: list[list[int]] = [[] for _ in configs]
+            steady: list[list[tuple[int, float] | None]] = [[] for _ in configs]
             toks = [0] * len(configs)
             for batch in batches(len(prompts), reg.concurrency, ns.waves_for[reg.concurrency]):
                 for j in turn_order(len(configs), turn):
                     clock_before = read_slots(clocks[j])
                     load = run_load(servers[j], [prompts[i] for i in batch], max_tokens=ns.max_tokens,
                                     concurrency=reg.concurrency, temperature=reg.temperature,
-                                    ignore_eos=ignore_eos)
+                                    ignore_eos=ignore_eos, stream=ns.stream)
                     secs[j].append(load.wall_s)
+                    steady[j].append(load.steady())
                     parts = slot_deltas(read_slots(clocks[j]), clock_before)
                     fwd[j].append(parts["forward"][0])
                     turn_parts[j].append({k: [round(v[0], 6), v[1]] for k, v in parts.items()})
@@ -775,6 +799,7 @@ def main(argv: list[str] | None = None) -> int:
                          "turn_forward_seconds": fwd[j],
                          "turn_parts": turn_parts[j],
                          "turn_tokens": turn_toks[j],
+                         "turn_steady": [None if x is None else [x[0], round(x[1], 4)] for x in steady[j]],
                          "tau": d.tau, "acceptance_rate": d.acceptance_rate,
                          "drafts": d.drafts if d.present else None,
                          "draft_tokens": d.draft_tokens if d.present else None,
@@ -797,20 +822,25 @@ def main(argv: list[str] | None = None) -> int:
                 e = cell[c.label]
                 paired = paired_ratio(_turns(e, cell[BASELINE]))
                 corrected = paired_corrected_ratio(_corrected_turns(e, cell[BASELINE]))
+                steady_paired = paired_ratio(_steady_turns(e, cell[BASELINE]))
                 parts.append(f"{c.label} {paired:.2f}x"
+                             + (f" (steady {steady_paired:.2f}x)" if steady_paired is not None else "")
                              + (f" (corrected {corrected:.3f})" if corrected is not None else "")
                              + (f" tau {e['tau']:.2f}" if e["tau"] is not None else "")
                              + (f" eq {e['equal'][0]}/{e['equal'][1]}" if "equal" in e else ""))
             _log(f"[round {rnd + 1}/{ns.rounds}] {reg.label}: " + " | ".join(parts))
 
     if ns.fresh_servers:
+        life = 0
         for rnd in range(ns.rounds):
-            with fleet(rnd) as (servers, clocks):
-                run_round(rnd, servers, clocks)
+            for life_temps in ([[t] for t in temps] if lives_per_round > 1 else [temps]):
+                with fleet(life, life_temps) as (servers, clocks):
+                    run_round(rnd, servers, clocks, life_temps)
+                life += 1
     else:
-        with fleet(0) as (servers, clocks):
+        with fleet(0, temps) as (servers, clocks):
             for rnd in range(ns.rounds):
-                run_round(rnd, servers, clocks)
+                run_round(rnd, servers, clocks, temps)
     wall = time.monotonic() - t_start
 
     cells = []
@@ -830,6 +860,9 @@ def main(argv: list[str] | None = None) -> int:
                 s["ratio_drift_corrected"] = paired_corrected_ratio(corrected)
                 s["ratio_drift_corrected_interval"] = interval_entry(corrected_turn_ratios(corrected))
                 s["ratio_drift_corrected_summed"] = summed_corrected_ratio(corrected)
+                steady_turns = [t for e, b in pairs for t in _steady_turns(e, b)]
+                s["ratio_steady"] = paired_ratio(steady_turns)
+                s["ratio_steady_interval"] = interval_entry(turn_ratios(steady_turns))
             s["parts"] = parts_summary(rows)
             s["tau"] = pooled_tau([(e["drafts"], e["accepted_tokens"]) for e in rows if e["drafts"] is not None])
             s["tau_rounds"] = [e["tau"] for e in rows]
@@ -847,6 +880,7 @@ def main(argv: list[str] | None = None) -> int:
     spec_labels = labels[1:]
     ratio_md = markdown_table(cells, spec_labels)
     interval_md = interval_table(cells, spec_labels)
+    steady_md = interval_table(cells, spec_labels, key="ratio_steady") if ns.stream else None
     tau_md = markdown_table(cells, spec_labels, key="tau", fmt="{:.2f}")
     corrected_md = markdown_table(cells, spec_labels, key="ratio_drift_corrected", fmt="{:.3f}")
     parts_md = parts_table(cells, labels)
@@ -865,7 +899,7 @@ def main(argv: list[str] | None = None) -> int:
                      "num_prompts": _one_or_per_concurrency(ns.prompts_for),
                      "max_tokens": ns.max_tokens, "concurrencies": ns.concurrency,
                      "temperatures": ns.temperatures, "rounds": ns.rounds, "idle_gap_s": ns.idle_gap,
-                     "pin_frontend": ns.pin_frontend,
+                     "pin_frontend": ns.pin_frontend, "stream": ns.stream,
                      "seed": ns.seed, "shared_prompts": ns.shared_prompts, "fresh_servers": ns.fresh_servers,
                      "ignore_eos": ignore_eos,
                      "waves": _one_or_per_concurrency(ns.waves_for),
@@ -887,6 +921,7 @@ def main(argv: list[str] | None = None) -> int:
         "cells": cells,
         "ratio_table_markdown": ratio_md,
         "ratio_interval_table_markdown": interval_md,
+        "steady_interval_table_markdown": steady_md,
         "tau_table_markdown": tau_md,
         "drift_corrected_table_markdown": corrected_md,
         "parts_table_markdown": parts_md,
@@ -904,6 +939,10 @@ def main(argv: list[str] | None = None) -> int:
     print(ratio_md)
     print("\nraw ratio with its 90% bootstrap interval over the cell's paired turns\n")
     print(interval_md)
+    if steady_md:
+        print("\nsteady raw ratio (tokens/s while every client had a request in flight: the turn "
+              "without its drain) with its 90% bootstrap interval\n")
+        print(steady_md)
     print("\ndrift-corrected (each turn's seconds over its own forward seconds; valid where both sides "
           "verify about the same rows)\n")
     print(corrected_md)
@@ -926,6 +965,14 @@ def main(argv: list[str] | None = None) -> int:
 def _turns(entry: dict[str, Any], off: dict[str, Any]) -> list[tuple[int, float, int, float]]:
     """(tokens, seconds, off tokens, off seconds) per batch of one cell round."""
     return list(zip(entry["turn_tokens"], entry["turn_seconds"], off["turn_tokens"], off["turn_seconds"]))
+
+
+def _steady_turns(entry: dict[str, Any], off: dict[str, Any]) -> list[tuple[int, float, int, float]]:
+    """(steady tokens, steady seconds, off's) per batch of one cell round (`LoadResult.steady`:
+    the part of a turn in which every client had a request in flight); empty for records whose
+    answers were not streamed."""
+    pairs = zip(entry.get("turn_steady") or [], off.get("turn_steady") or [])
+    return [(a[0], a[1], b[0], b[1]) for a, b in pairs if a is not None and b is not None]
 
 
 def _corrected_turns(entry: dict[str, Any], off: dict[str, Any]

@@ -9,6 +9,8 @@ pooled, turn pairs from all of them, for a narrower interval. A cell reads `unde
 interval lies below the bar, `over` when it lies at or above it, else `open`.
 
 `--measure raw` (the default, the acceptance measure): every cell's raw paired tokens/s ratio.
+`--measure steady`: the raw ratio of each turn's steady part (streamed records: tokens/s while
+every client had a request in flight, the turn without its drain; `LoadResult.steady`).
 `--measure drift-corrected`: sampled cells' drift-corrected ratio (each turn's seconds over the
 server's own forward seconds), shown beside the raw one to explain a result, never in its place;
 greedy cells are skipped there (speculation changes the rows their forward runs).
@@ -26,11 +28,11 @@ from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_matrix import (BASELINE, _corrected_turns, _turns, corrected_turn_ratios,  # noqa: E402
+from bench_matrix import (BASELINE, _corrected_turns, _steady_turns, _turns, corrected_turn_ratios,  # noqa: E402
                           turn_ratios as raw_turn_ratios)
 from harness.paired_stats import median_interval, verdict  # noqa: E402
 
-MEASURES = ("raw", "drift-corrected")
+MEASURES = ("raw", "steady", "drift-corrected")
 
 
 def turn_ratios(records: Sequence[dict[str, Any]], regime: str, label: str, measure: str = "raw") -> list[float]:
@@ -45,6 +47,8 @@ def turn_ratios(records: Sequence[dict[str, Any]], regime: str, label: str, meas
             for entry, off in zip(rounds, offs):
                 if measure == "raw":
                     out += raw_turn_ratios(_turns(entry, off))
+                elif measure == "steady":
+                    out += raw_turn_ratios(_steady_turns(entry, off))
                 else:
                     out += corrected_turn_ratios(_corrected_turns(entry, off))
     return out
@@ -59,7 +63,7 @@ def intervals(records: Sequence[dict[str, Any]], bar: float = 0.97, level: float
         raise ValueError(f"measure must be one of {MEASURES}, got {measure!r}")
     rows = []
     for cell in records[0]["cells"]:
-        if measure != "raw" and not cell.get("temperature"):
+        if measure == "drift-corrected" and not cell.get("temperature"):
             continue
         for label in cell["configs"]:
             if label == BASELINE:
@@ -86,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("records", nargs="+", type=Path, help="bench_matrix records; several are pooled")
     ap.add_argument("--measure", choices=MEASURES, default="raw",
-                    help="raw paired tokens/s ratios (the acceptance measure) or drift-corrected ones")
+                    help="raw paired tokens/s ratios of whole turns, of their steady parts (streamed "
+                         "records), or drift-corrected ones")
     ap.add_argument("--bar", type=float, default=0.97, help="the ratio a cell is judged against")
     ap.add_argument("--level", type=float, default=0.9, help="two-sided interval level")
     ap.add_argument("--output", type=Path, default=None, help="JSON record path")

@@ -116,6 +116,12 @@ def test_prompt_lifetimes_draw_one_pool_per_server_lifetime():
     assert bm.prompt_lifetimes([4, 8], rounds=3) == [[4, 8, 4, 8, 4, 8]]
     assert bm.prompt_lifetimes([4, 8], rounds=3, fresh_servers=True) == [[4, 8], [4, 8], [4, 8]]
     assert bm.prompt_lifetimes([4, 8], rounds=3, shared=True) == [[8]]
+    # --fresh-servers temperature: a round's cells (temperature-major) split into one life per temperature
+    assert bm.prompt_lifetimes([4, 8, 4, 8], rounds=2, fresh_servers="temperature", lives_per_round=2) == [
+        [4, 8], [4, 8], [4, 8], [4, 8]]
+    assert bm.parse_args(["--configs", "off", "--fresh-servers"]).fresh_servers == "round"
+    assert bm.parse_args(["--configs", "off", "--fresh-servers", "temperature"]).fresh_servers == "temperature"
+    assert bm.parse_args(["--configs", "off"]).fresh_servers is None
 
 
 def test_turn_rotation():
@@ -325,6 +331,21 @@ def test_matrix_intervals_resample_the_paired_turns_and_judge_against_the_bar():
     pooled = {r["config"]: r for r in mi.intervals([_record({"c": wide})] * 4)}
     assert pooled["c"]["turns"] == 104
     assert pooled["c"]["high"] - pooled["c"]["low"] <= rows["c"]["high"] - rows["c"]["low"] + 1e-12
+
+
+def test_steady_turns_pair_the_steady_parts_of_streamed_turns():
+    off = {"turn_tokens": [100, 100], "turn_seconds": [1.0, 1.0], "turn_steady": [[80, 0.5], [90, 0.9]]}
+    spec = {"turn_tokens": [100, 100], "turn_seconds": [1.25, 1.0], "turn_steady": [[80, 0.4], None]}
+    assert bm._steady_turns(spec, off) == [(80, 0.4, 80, 0.5)]      # a turn without a steady part drops out
+    assert bm._steady_turns({"turn_tokens": [1]}, off) == []         # a record that did not stream
+    assert bm.paired_ratio(bm._steady_turns(spec, off)) == pytest.approx(1.25)
+    mi = load_benchmark("matrix_intervals")
+    record = {"benchmark": "bench_matrix", "cells": [{"regime": "greedy c=8", "temperature": 0.0, "configs": {
+        "off": {"rounds": [off] * 3}, "x": {"rounds": [spec] * 3}}}]}
+    (steady,) = mi.intervals([record], measure="steady")
+    assert steady["turns"] == 3 and steady["median"] == pytest.approx(1.25)
+    (raw,) = mi.intervals([record])
+    assert raw["turns"] == 6 and raw["median"] == pytest.approx(0.8)
 
 
 def test_matrix_intervals_refuse_what_is_not_a_matrix_record(tmp_path, capsys):

@@ -174,6 +174,16 @@ def test_served_treespec_matches_no_spec_under_concurrency():
             before = scrape_spec_metrics(server, settle_s=0)
             load = run_load(server, prompts, max_tokens=24, concurrency=2)
             delta = scrape_spec_metrics(server) - before
+            streamed = run_load(server, prompts, max_tokens=24, concurrency=2, stream=True)
+        # a streamed answer is the same answer, every token timed once, inside its request's span
+        assert [r.token_ids for r in streamed.requests] == [r.token_ids for r in load.requests]
+        assert [r.prompt_token_ids for r in streamed.requests] == [r.prompt_token_ids for r in load.requests]
+        for r in streamed.requests:
+            assert sum(n for _, n in r.chunks) == r.output_tokens == 24
+            assert all(r.start_s <= t <= r.end_s for t, _ in r.chunks)
+        tokens, seconds = streamed.steady()
+        assert 0 < tokens < 96 and 0 < seconds < streamed.wall_s
+        assert load.steady() is None
         assert [r.output_tokens for r in load.requests] == [24] * 4
         assert all(r.token_ids is not None and len(r.token_ids) == 24 for r in load.requests)
         outputs[cfg.name] = [r.output_key() for r in load.requests]
@@ -186,6 +196,29 @@ def test_served_treespec_matches_no_spec_under_concurrency():
         else:
             assert not delta.present
     assert outputs["off"] == outputs[treespec(4).name]
+
+
+def _streamed(start: float, end: float, tokens: int) -> RequestResult:
+    """A streamed request whose tokens arrived one per equal step over (start, end]."""
+    step = (end - start) / tokens
+    return RequestResult(index=0, text="", token_ids=[0] * tokens, output_tokens=tokens, latency_s=end - start,
+                         start_s=start, end_s=end, chunks=[(start + step * (i + 1), 1) for i in range(tokens)])
+
+
+def test_steady_part_of_a_load_ends_when_the_first_client_runs_out_of_prompts():
+    # two clients, four prompts: client A answers 0-2 s and 2-4 s; client B 0-1 s, 1-5 s. The
+    # last prompt goes out at the second completion (2 s), the steady part ends at the third (4 s)
+    reqs = [_streamed(0, 2, 10), _streamed(0, 1, 10), _streamed(2, 4, 10), _streamed(1, 5, 40)]
+    load = LoadResult(requests=reqs, wall_s=5.0, concurrency=2)
+    tokens, seconds = load.steady()
+    assert seconds == 4.0
+    assert tokens == 10 + 10 + 10 + 30           # B's last request had sent 30 of its 40 tokens by 4 s
+    # one client: the whole load; one wave: the first completion
+    assert LoadResult(requests=reqs[:2], wall_s=3.0, concurrency=1).steady() == (20, 2.0)
+    assert LoadResult(requests=reqs[:2], wall_s=2.0, concurrency=2).steady() == (15, 1.0)
+    # a request that was not streamed leaves the load without a steady part
+    plain = RequestResult(index=0, text="", token_ids=None, output_tokens=5, latency_s=1.0)
+    assert LoadResult(requests=[*reqs, plain], wall_s=5.0, concurrency=2).steady() is None
 
 
 def test_tree_series_are_parsed_and_windowed():

@@ -231,6 +231,11 @@ class RequestResult:
     output_tokens: int
     latency_s: float
     prompt_token_ids: list[int] | None = None
+    # streamed requests only: seconds from the load's start to the send and to the last byte, and
+    # (seconds from the load's start, tokens) of every chunk that carried output tokens
+    start_s: float | None = None
+    end_s: float | None = None
+    chunks: list[tuple[float, int]] | None = None
 
     def output_key(self) -> tuple | str:
         """What exact-match compares: token ids if present, else the text."""
@@ -256,6 +261,25 @@ class LoadResult:
     def latencies_s(self) -> list[float]:
         return [r.latency_s for r in self.requests]
 
+    def steady(self) -> tuple[int, float] | None:
+        """(output tokens, seconds) of the load's steady part: from its start until the first
+        client finds no prompt left, so every client had a request in flight throughout (a
+        closed loop of `concurrency` clients sends the last prompt at the completion that comes
+        `len(requests) - concurrency` completions in; the steady part ends at the next one).
+        What comes after is the drain (the batch shrinking as the last requests finish), which
+        continuous traffic does not have and which weighs configs whose requests finish at
+        different steps. Tokens count by the chunk times of streamed requests; None for a
+        load that was not streamed. With one client, or as many prompts as clients, the steady
+        part ends at the first completion that leaves a client idle: the whole load for one
+        client, the first completion for one wave."""
+        if not self.requests or any(r.chunks is None or r.end_s is None for r in self.requests):
+            return None
+        ends = sorted(r.end_s for r in self.requests)
+        clients = min(self.concurrency, len(self.requests))
+        cut = ends[len(self.requests) - clients]
+        tokens = sum(n for r in self.requests for t, n in r.chunks if t <= cut)
+        return tokens, cut
+
 
 # A prompt is a completion prompt (text) or a chat request: anything with `.messages`
 # (benchmarks/chat_prompts.py ChatPrompt) or the messages list itself.
@@ -272,9 +296,12 @@ def chat_messages(prompt: Prompt) -> list[dict] | None:
 
 def complete(base_url: str, model: str, prompt: Prompt, *, max_tokens: int, temperature: float = 0.0,
              ignore_eos: bool = True, timeout_s: float = 600.0, index: int = 0,
-             extra: dict | None = None) -> RequestResult:
+             extra: dict | None = None, stream: bool = False, origin: float | None = None) -> RequestResult:
     """One `/v1/completions` request (text prompt) or `/v1/chat/completions` request (chat
-    prompt), timed from send to full response. `extra` joins the request body."""
+    prompt), timed from send to full response. `extra` joins the request body. `stream`: the
+    server streams its answer and every chunk's arrival is timed from `origin`
+    (`time.perf_counter()`, default the send): the chunks tell when each token reached the
+    client, as a streaming user sees them."""
     messages = chat_messages(prompt)
     body = {"model": model, "max_tokens": max_tokens, "temperature": temperature,
             "ignore_eos": ignore_eos, "return_token_ids": True, **(extra or {})}
@@ -282,8 +309,12 @@ def complete(base_url: str, model: str, prompt: Prompt, *, max_tokens: int, temp
         body["prompt"] = prompt
     else:
         body["messages"] = messages
+    url = base_url + ("/v1/completions" if messages is None else "/v1/chat/completions")
+    if stream:
+        return _complete_streamed(url, body, chat=messages is not None, timeout_s=timeout_s, index=index,
+                                  origin=origin)
     t0 = time.perf_counter()
-    resp = _post_json(base_url + ("/v1/completions" if messages is None else "/v1/chat/completions"), body, timeout_s)
+    resp = _post_json(url, body, timeout_s)
     latency = time.perf_counter() - t0
     choice = resp["choices"][0]
     token_ids = choice.get("token_ids")
@@ -299,11 +330,61 @@ def complete(base_url: str, model: str, prompt: Prompt, *, max_tokens: int, temp
                          prompt_token_ids=list(prompt_ids) if prompt_ids is not None else None)
 
 
+def _complete_streamed(url: str, body: dict, *, chat: bool, timeout_s: float, index: int,
+                       origin: float | None) -> RequestResult:
+    """`complete` with `"stream": true`: reads the server-sent events, timing every chunk that
+    carries output tokens (vLLM streams `token_ids` per chunk when `return_token_ids` is set;
+    the final usage chunk counts the completion tokens)."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    origin = t0 if origin is None else origin
+    token_ids: list[int] = []
+    text: list[str] = []
+    chunks: list[tuple[float, int]] = []
+    prompt_ids = None
+    n_out = None
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            for raw in r:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                now = time.perf_counter()
+                event = json.loads(data)
+                if event.get("usage") and event["usage"].get("completion_tokens") is not None:
+                    n_out = int(event["usage"]["completion_tokens"])
+                prompt_ids = prompt_ids or event.get("prompt_token_ids")
+                for choice in event.get("choices") or []:
+                    prompt_ids = prompt_ids or choice.get("prompt_token_ids")
+                    ids = choice.get("token_ids") or []
+                    if ids:
+                        token_ids.extend(ids)
+                        chunks.append((now - origin, len(ids)))
+                    text.append(((choice.get("delta") or {}).get("content") or "") if chat
+                                else (choice.get("text") or ""))
+    except urllib.error.HTTPError as e:
+        detail = e.read().decode(errors="replace")[:2000]
+        raise RuntimeError(f"POST {url} -> HTTP {e.code}: {detail}") from None
+    end = time.perf_counter()
+    if n_out is not None and n_out != len(token_ids):
+        raise RuntimeError(f"POST {url}: the stream carried {len(token_ids)} token ids, its usage says {n_out}")
+    return RequestResult(index=index, text="".join(text), token_ids=token_ids, output_tokens=len(token_ids),
+                         latency_s=end - t0, prompt_token_ids=list(prompt_ids) if prompt_ids is not None else None,
+                         start_s=t0 - origin, end_s=end - origin, chunks=chunks)
+
+
 def run_load(server_or_url: Server | str, prompts: Sequence[Prompt], *, max_tokens: int,
              concurrency: int = 1, model: str | None = None, temperature: float = 0.0,
-             ignore_eos: bool = True, timeout_s: float = 600.0, extra: dict | None = None) -> LoadResult:
+             ignore_eos: bool = True, timeout_s: float = 600.0, extra: dict | None = None,
+             stream: bool = False) -> LoadResult:
     """Send `prompts` (text or chat, `complete`) with at most `concurrency` in flight (closed
-    loop); results in prompt order. `extra` joins every request's body."""
+    loop); results in prompt order. `extra` joins every request's body. `stream`: answers are
+    streamed and their chunks timed from the load's start (`LoadResult.steady`)."""
     if isinstance(server_or_url, Server):
         base_url, model = server_or_url.base_url, model or server_or_url.model
     else:
@@ -316,7 +397,8 @@ def run_load(server_or_url: Server | str, prompts: Sequence[Prompt], *, max_toke
 
     def one(i: int) -> RequestResult:
         return complete(base_url, model, prompts[i], max_tokens=max_tokens, temperature=temperature,
-                        ignore_eos=ignore_eos, timeout_s=timeout_s, index=i, extra=extra)
+                        ignore_eos=ignore_eos, timeout_s=timeout_s, index=i, extra=extra, stream=stream,
+                        origin=t0)
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="load") as pool:
