@@ -1,6 +1,6 @@
 """Regime matrix: speculative configs vs no speculation at every temperature x concurrency.
 
-The same model behind one OpenAI server per config (`vllm-treespec serve`, vLLM's default dtype,
+The same model behind one OpenAI server per config (`vllm-treespec serve`, vLLM's default dtype unless --dtype,
 i.e. bf16 for the float32 fixtures on this CPU; `--enforce-eager --max-model-len 1024`), and for
 every regime {greedy, T=0.7, T=1.0} x {1, 8, 32 concurrent clients} the tokens/s of each config
 as a ratio to `off` (speculation off) measured in the same cell. Prompts are UNSEEN code:
@@ -580,6 +580,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "earlier answer. Lifetime i's prompts come from the pool shuffled by --seed + i. "
                         "`--fresh-servers temperature`: before each temperature of each round, for runs "
                         "whose rounds need more prompts than the pool holds")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                   help="serve every config in this dtype (default: vLLM's default, bf16 on CPU). On a CPU "
+                        "without native bf16 (AVX2 only) vLLM's bf16 is emulated and far slower "
+                        "than float32, a regime no deployment would choose")
     p.add_argument("--no-stream", dest="stream", action="store_false",
                    help="ask for whole answers instead of streamed ones (default: streamed, as chat users "
                         "see them; streaming times every token and gives the steady ratio)")
@@ -673,7 +677,7 @@ def main(argv: list[str] | None = None) -> int:
     configs: list[MatrixConfig] = ns.matrix_configs
     labels = [c.label for c in configs]
     cells_spec = regimes(ns.temperatures, ns.concurrency)
-    base_args = serve_args_default_dtype(CPU_SERVE_ARGS)
+    base_args = serve_args_default_dtype(CPU_SERVE_ARGS) + (("--dtype", ns.dtype) if ns.dtype else ())
 
     need = SERVER_GIB * len(configs)
     avail = mem_available_gib()
