@@ -211,6 +211,11 @@ def serve_args_default_dtype(args: Sequence[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def matrix_serve_args(args: Sequence[str], dtype: str | None) -> tuple[str, ...]:
+    """The servers' base flags: `args` at vLLM's default dtype, or at `dtype` (--dtype)."""
+    return serve_args_default_dtype(args) + (("--dtype", dtype) if dtype else ())
+
+
 # -- schedule (pure) -------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -677,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
     configs: list[MatrixConfig] = ns.matrix_configs
     labels = [c.label for c in configs]
     cells_spec = regimes(ns.temperatures, ns.concurrency)
-    base_args = serve_args_default_dtype(CPU_SERVE_ARGS) + (("--dtype", ns.dtype) if ns.dtype else ())
+    base_args = matrix_serve_args(CPU_SERVE_ARGS, ns.dtype)
 
     need = SERVER_GIB * len(configs)
     avail = mem_available_gib()

@@ -369,3 +369,11 @@ def test_cells_carry_the_raw_ratio_interval():
                                                    "y": {"ratio": None}}}]
     table = bm.interval_table(cells, ["x", "y"])
     assert f"1.00x ({low:.2f}-{high:.2f})" in table and "| - |" in table
+
+
+def test_dtype_flag_replaces_the_cpu_default_dtype():
+    """--dtype serves every config in that dtype; without it no --dtype reaches the servers."""
+    args = ("--dtype", "float32", "--enforce-eager", "--max-model-len", "1024")
+    assert bm.matrix_serve_args(args, None) == ("--enforce-eager", "--max-model-len", "1024")
+    assert bm.matrix_serve_args(args, "float32")[-2:] == ("--dtype", "float32")
+    assert bm.parse_args(["--dtype", "bfloat16"]).dtype == "bfloat16"
