@@ -67,15 +67,22 @@ def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
         return r.status, r.read()
 
 
-def _post_json(url: str, body: dict, timeout: float) -> dict:
+@contextmanager
+def _post(url: str, body: dict, timeout: float) -> Iterator[Any]:
+    """The open response to a JSON POST; an HTTP error status raises with the server's reply."""
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read())
+            yield r
     except urllib.error.HTTPError as e:
         detail = e.read().decode(errors="replace")[:2000]
         raise RuntimeError(f"POST {url} -> HTTP {e.code}: {detail}") from None
+
+
+def _post_json(url: str, body: dict, timeout: float) -> dict:
+    with _post(url, body, timeout) as r:
+        return json.loads(r.read())
 
 
 def _stop_group(proc: subprocess.Popen, grace_s: float) -> None:
@@ -336,8 +343,6 @@ def _complete_streamed(url: str, body: dict, *, chat: bool, timeout_s: float, in
     carries output tokens (vLLM streams `token_ids` per chunk when `return_token_ids` is set;
     the final usage chunk counts the completion tokens)."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
     t0 = time.perf_counter()
     origin = t0 if origin is None else origin
     token_ids: list[int] = []
@@ -345,31 +350,27 @@ def _complete_streamed(url: str, body: dict, *, chat: bool, timeout_s: float, in
     chunks: list[tuple[float, int]] = []
     prompt_ids = None
     n_out = None
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as r:
-            for raw in r:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    break
-                now = time.perf_counter()
-                event = json.loads(data)
-                if event.get("usage") and event["usage"].get("completion_tokens") is not None:
-                    n_out = int(event["usage"]["completion_tokens"])
-                prompt_ids = prompt_ids or event.get("prompt_token_ids")
-                for choice in event.get("choices") or []:
-                    prompt_ids = prompt_ids or choice.get("prompt_token_ids")
-                    ids = choice.get("token_ids") or []
-                    if ids:
-                        token_ids.extend(ids)
-                        chunks.append((now - origin, len(ids)))
-                    text.append(((choice.get("delta") or {}).get("content") or "") if chat
-                                else (choice.get("text") or ""))
-    except urllib.error.HTTPError as e:
-        detail = e.read().decode(errors="replace")[:2000]
-        raise RuntimeError(f"POST {url} -> HTTP {e.code}: {detail}") from None
+    with _post(url, body, timeout_s) as r:
+        for raw in r:
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            now = time.perf_counter()
+            event = json.loads(data)
+            if event.get("usage") and event["usage"].get("completion_tokens") is not None:
+                n_out = int(event["usage"]["completion_tokens"])
+            prompt_ids = prompt_ids or event.get("prompt_token_ids")
+            for choice in event.get("choices") or []:
+                prompt_ids = prompt_ids or choice.get("prompt_token_ids")
+                ids = choice.get("token_ids") or []
+                if ids:
+                    token_ids.extend(ids)
+                    chunks.append((now - origin, len(ids)))
+                text.append(((choice.get("delta") or {}).get("content") or "") if chat
+                            else (choice.get("text") or ""))
     end = time.perf_counter()
     if n_out is not None and n_out != len(token_ids):
         raise RuntimeError(f"POST {url}: the stream carried {len(token_ids)} token ids, its usage says {n_out}")
