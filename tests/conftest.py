@@ -44,7 +44,7 @@ def tiny_vocab_model() -> Path:
 
 @pytest.fixture(scope="session")
 def code_lm_model() -> Path:
-    """The trained code-LM fixture (cached; about 10 minutes to train on a fresh machine)."""
+    """The trained code-LM fixture (cached; about 15 minutes to train on a fresh 2-core machine)."""
     from treespec_fixtures import build_fixture
 
     return build_fixture("code-lm")

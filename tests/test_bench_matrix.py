@@ -376,4 +376,4 @@ def test_dtype_flag_replaces_the_cpu_default_dtype():
     args = ("--dtype", "float32", "--enforce-eager", "--max-model-len", "1024")
     assert bm.matrix_serve_args(args, None) == ("--enforce-eager", "--max-model-len", "1024")
     assert bm.matrix_serve_args(args, "float32")[-2:] == ("--dtype", "float32")
-    assert bm.parse_args(["--dtype", "bfloat16"]).dtype == "bfloat16"
+    assert bm.parse_args(["--configs", "off", "--dtype", "bfloat16"]).dtype == "bfloat16"
