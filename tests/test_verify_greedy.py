@@ -110,3 +110,80 @@ def test_greedy_is_not_a_mode_of_accept():
     tree = TreeBatch.root_only([3])
     with pytest.raises(ValueError, match="greedy_walk"):
         accept(tree, torch.randn(1, 5), mode="greedy")
+
+
+def _argmax_first_walk(tree, logits, rows, width):
+    """The walk fed vLLM's argmax of every node row up front (greedy_tokens), as the host walk
+    did before it read the logits itself."""
+    from vllm_treespec.native import native
+    from vllm_treespec.verify.sampling_params import greedy_tokens
+
+    target = greedy_tokens(logits[rows]).to(torch.int64)
+    return native().greedy_tree_walk(tree.offsets.numpy(), tree.tokens.numpy(), tree.parents.numpy(),
+                                     target.numpy(), width)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("vocab", [1, 7, 8, 1003])
+def test_walk_reading_the_logits_equals_the_argmax_of_every_row(dtype, vocab):
+    """The host walk takes the argmax itself, only at the rows it visits: bitwise the tokens of
+    vLLM's argmax over every row first, with ties (first index wins), NaN rows (the first NaN
+    wins), all -inf rows, bf16 logits, logits rows named by `rows` in a larger strided tensor."""
+    rng = np.random.default_rng(vocab)
+    for case in range(12):
+        sizes = rng.integers(1, 20, size=int(rng.integers(1, 7))).tolist()
+        tree = random_tree_batch(rng, sizes, vocab)
+        t = tree.tokens.numel()
+        node_logits = biased_logits(rng, tree, vocab, follow=0.8, boost=5.0)
+        node_logits = torch.round(node_logits * 2) / 2          # many exact ties
+        special = rng.random(t)
+        node_logits[special < 0.1, int(rng.integers(vocab))] = float("nan")
+        node_logits[(special >= 0.1) & (special < 0.15)] = float("-inf")
+        spare = 3 + t                                          # rows the walk must not mix up
+        wide = torch.randn(t + spare, vocab + 5).to(dtype)
+        rows = rng.permutation(t + spare)[:t]
+        wide[torch.from_numpy(rows), :vocab] = node_logits.to(dtype)
+        logits = wide[:, :vocab]                               # row stride vocab + 5
+        width = int(tree.depth.max()) + 1 if case % 2 else int(rng.integers(1, 4))
+        res = greedy_walk(tree, logits, width, rows)
+        emitted, nodes, count = _argmax_first_walk(tree, logits, torch.from_numpy(rows), width)
+        assert res.emitted.tolist() == emitted.tolist()
+        assert res.accepted_nodes.tolist() == nodes.tolist()
+        assert res.num_emitted.tolist() == count.tolist()
+
+
+def test_walk_falls_back_to_greedy_tokens_for_other_dtypes():
+    """float16 (or rows that are not contiguous) take the argmax of every row first: same result."""
+    rng = np.random.default_rng(3)
+    tree = random_tree_batch(rng, [5, 9, 1], 11)
+    logits = biased_logits(rng, tree, 11, follow=0.8, boost=5.0)
+    width = int(tree.depth.max()) + 1
+    expected = greedy_walk(tree, logits, width)
+    for other in (logits.to(torch.float16).to(torch.float32).to(torch.float16), logits.t().contiguous().t()):
+        res = greedy_walk(tree, other, width)
+        ref = greedy_walk(tree, other.to(torch.float32).contiguous(), width)
+        assert res.emitted.tolist() == ref.emitted.tolist()
+    assert expected.emitted.shape == (3, width)
+
+
+def test_walk_names_a_logits_row_out_of_range():
+    rng = np.random.default_rng(5)
+    tree = random_tree_batch(rng, [3], 6)
+    with pytest.raises(ValueError, match="names logits row 9 of 4"):
+        greedy_walk(tree, torch.randn(4, 6), 3, np.array([0, 1, 9]))
+
+
+def test_the_greedy_walk_benchmark_runs(tmp_path):
+    """benchmarks/bench_greedy_walk.py (the committed record's script) on a tiny grid; it checks
+    that both forms emit accepted + 1 tokens per request."""
+    import json
+
+    from benchmark_modules import load_benchmark
+
+    out = tmp_path / "greedy.json"
+    load_benchmark("bench_greedy_walk").main(["--batch", "2", "--nodes", "3", "--accepted", "0", "3",
+                                              "--vocab", "300", "--calls", "4", "--rounds", "1",
+                                              "--output", str(out)])
+    rows = json.loads(out.read_text())["results"]
+    assert {(r["dtype"], r["accepted"]) for r in rows} == {(d, a) for d in ("float32", "bfloat16") for a in (0, 3)}
+    assert all(r["every_row_ms"] > 0 and r["visited_rows_ms"] > 0 for r in rows)

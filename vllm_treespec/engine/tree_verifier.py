@@ -124,13 +124,13 @@ def verify_step(step: TreeStep, logits: torch.Tensor, params: Sequence[Any],
     change any request's coins or the tokens of nodes without q rows (verify/coins.py).
     """
     batch, logit_rows, q_rows = _verified_batch(step, include)
-    node_logits = logits if logit_rows is None else logits[logit_rows]
-    if node_logits.shape[0] != batch.num_rows:
-        raise RuntimeError(f"tree verification: {node_logits.shape[0]} logits rows for "
+    num_rows = logits.shape[0] if logit_rows is None else len(logit_rows)
+    if num_rows != batch.num_rows:
+        raise RuntimeError(f"tree verification: {num_rows} logits rows for "
                            f"{batch.num_rows} tree nodes; the step plan does not match vLLM's batch")
     width = step.max_num_draft + 1
-    result = accept_trees(batch, node_logits, params, generators,
-                          width, q_probs=step.q_probs, q_rows=q_rows, coin_rows=coin_rows)
+    result = accept_trees(batch, logits, params, generators, width, logit_rows=logit_rows,
+                          q_probs=step.q_probs, q_rows=q_rows, coin_rows=coin_rows)
     if base is None:
         return result.emitted, result
     if base.shape != (step.num_reqs, width):

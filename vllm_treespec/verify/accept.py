@@ -182,7 +182,7 @@ def _greedy_requests(batch: TreeBatch, logits: torch.Tensor, width: int,
     sub_offsets = torch.zeros(reqs.numel() + 1, dtype=torch.int64, device=batch.device)
     torch.cumsum(batch.sizes[reqs], dim=0, out=sub_offsets[1:])
     greedy = TreeBatch(sub_offsets, batch.tokens[rows], batch.parents[rows], batch.depth[rows])
-    return reqs, greedy_walk(greedy, logits[rows], width)
+    return reqs, greedy_walk(greedy, logits, width, rows.nonzero().squeeze(1))
 
 
 def _walk(batch: TreeBatch, logits: torch.Tensor, width: int, is_greedy: torch.Tensor,

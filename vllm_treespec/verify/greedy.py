@@ -3,10 +3,14 @@
 From the root, emit the argmax x of the current node's row; if a child of the node carries x,
 descend into it, else stop (x is the bonus token). Siblings carry distinct tokens, so the child
 is unique. Outputs are bitwise those of decoding without speculation: the argmax is vLLM's own
-(`sampling_params.greedy_tokens`), taken once over every node row, then the walk only compares
-tokens.
+rule (`sampling_params.greedy_tokens`: first index of the largest float32 value, a NaN first),
+then the walk only compares tokens.
 
-- host: the O(nodes) C++ walk without the GIL (csrc/verify/greedy_walk.cpp, ``vllm_treespec._C``);
+- host: the O(nodes) C++ walk without the GIL (csrc/verify/greedy_walk.cpp, ``vllm_treespec._C``).
+  For float32 and bfloat16 logits it takes the argmax itself, only at the rows it visits (the
+  accepted path and the row it stops at): a vocabulary-wide argmax per verified node, taken
+  beforehand, cost more than the rest of the step's acceptance under load, where most verified
+  nodes are rejected. Other dtypes take `greedy_tokens` over every row first;
 - CUDA: the Triton walk, one program per request, queued without a host sync
   (kernels/tree_accept.py; csrc/cuda/tree_accept.cu is its opt-in CUDA twin).
 
@@ -16,6 +20,7 @@ Every greedy request takes this walk, including greedy requests inside a sampled
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from vllm_treespec.tree.batch import TreeBatch
@@ -25,24 +30,41 @@ from vllm_treespec.verify.sampling_params import greedy_tokens
 __all__ = ["greedy_walk", "host_greedy_walk", "device_greedy_walk"]
 
 
-def greedy_walk(batch: TreeBatch, logits: torch.Tensor, width: int) -> AcceptResult:
+def greedy_walk(batch: TreeBatch, logits: torch.Tensor, width: int,
+                rows: torch.Tensor | np.ndarray | None = None) -> AcceptResult:
     """Greedy acceptance of a tree batch on the logits' device (CUDA: the Triton walk, else the
-    C++ walk, which validates the trees). logits float [T, V] at every node row; width: output
-    columns (paths are cut at width tokens, normally the deepest node + 1)."""
+    C++ walk, which validates the trees). logits float [R, V]; rows: int [T], node i's logits
+    row (None: node i's row is i, R = T); width: output columns (paths are cut at width tokens,
+    normally the deepest node + 1)."""
     if not isinstance(batch, TreeBatch):
         raise TypeError(f"greedy_walk takes a TreeBatch, got {type(batch).__name__}")
-    walk = device_greedy_walk if logits.is_cuda else host_greedy_walk
-    return walk(batch, logits, width)
+    if logits.is_cuda:
+        return device_greedy_walk(batch, logits if rows is None else logits[torch.as_tensor(rows).to(logits.device)],
+                                  width)
+    return host_greedy_walk(batch, logits, width, rows)
 
 
-def host_greedy_walk(batch: TreeBatch, logits: torch.Tensor, width: int) -> AcceptResult:
-    """`greedy_walk` on the host: one argmax, then the C++ walk (which validates the trees)."""
+def host_greedy_walk(batch: TreeBatch, logits: torch.Tensor, width: int,
+                     rows: torch.Tensor | np.ndarray | None = None) -> AcceptResult:
+    """`greedy_walk` on the host: the C++ walk (which validates the trees), taking the argmax
+    only at the rows it visits where it can read the logits (float32 or bfloat16, contiguous
+    rows), else after one argmax over every node row."""
     from vllm_treespec.native import native
 
     host = batch.to("cpu")
-    target = greedy_tokens(logits).to(device="cpu", dtype=torch.int64)
-    emitted, nodes, count = native().greedy_tree_walk(host.offsets.numpy(), host.tokens.numpy(),
-                                                      host.parents.numpy(), target.numpy(), width)
+    n = host.tokens.numel()
+    if rows is None:
+        rows = np.arange(n, dtype=np.int64)
+    else:
+        rows = np.ascontiguousarray(torch.as_tensor(rows).cpu().numpy(), dtype=np.int64)
+    walk_args = (host.offsets.numpy(), host.tokens.numpy(), host.parents.numpy())
+    if logits.dim() == 2 and logits.dtype in (torch.float32, torch.bfloat16) and logits.stride(-1) == 1:
+        bf16 = logits.dtype == torch.bfloat16
+        view = (logits.view(torch.int16) if bf16 else logits).detach().numpy()
+        emitted, nodes, count = native().greedy_tree_walk_logits(*walk_args, view, bf16, rows, width)
+    else:
+        target = greedy_tokens(logits[torch.from_numpy(rows)]).to(device="cpu", dtype=torch.int64)
+        emitted, nodes, count = native().greedy_tree_walk(*walk_args, target.numpy(), width)
     f = torch.from_numpy
     return AcceptResult.from_paths(host.offsets, f(emitted), f(count), f(nodes))
 
