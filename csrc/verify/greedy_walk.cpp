@@ -29,39 +29,49 @@ using I64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>
 
 // First index of the row's largest value, a NaN counting as the largest (the first NaN wins): the
 // rule of torch.argmax and of vLLM's CPU greedy_argmax over float32 logits, whose results the
-// walk must reproduce bitwise. load(i) is element i as float32 (bf16 widens exactly).
+// walk must reproduce bitwise. load(i) is element i as float32 (bf16 widens exactly). One pass:
+// kLanes independent (max, first index) pairs, so the comparisons do not form one long chain;
+// lanes are merged by value, then by the smaller index. A NaN never wins a `>` comparison, so
+// rows holding one are rescanned for the first NaN (NaN logits are an error upstream; rare).
 template <class Load>
 int64_t row_argmax(const Load& load, int64_t v) {
-  constexpr int kLanes = 8;   // independent accumulators, so the max pass is not one long chain
+  constexpr int kLanes = 8;
   float lane_max[kLanes];
-  bool lane_nan[kLanes];
+  int64_t lane_at[kLanes];
+  bool nan = false;
   for (int k = 0; k < kLanes; ++k) {
     lane_max[k] = -std::numeric_limits<float>::infinity();
-    lane_nan[k] = false;
+    lane_at[k] = v;                       // none yet: any real index is smaller
   }
   int64_t i = 0;
   for (; i + kLanes <= v; i += kLanes)
     for (int k = 0; k < kLanes; ++k) {
       const float x = load(i + k);
-      lane_nan[k] |= x != x;
-      lane_max[k] = x > lane_max[k] ? x : lane_max[k];
+      nan |= x != x;
+      if (x > lane_max[k] || (lane_at[k] == v && x == lane_max[k])) {
+        lane_max[k] = x;
+        lane_at[k] = i + k;
+      }
     }
-  float best = -std::numeric_limits<float>::infinity();
-  bool any_nan = false;
-  for (int k = 0; k < kLanes; ++k) {
-    any_nan |= lane_nan[k];
-    best = lane_max[k] > best ? lane_max[k] : best;
-  }
-  for (; i < v; ++i) {
+  for (int k = 0; i < v; ++i, ++k) {
     const float x = load(i);
-    any_nan |= x != x;
-    best = x > best ? x : best;
+    nan |= x != x;
+    if (x > lane_max[k] || (lane_at[k] == v && x == lane_max[k])) {
+      lane_max[k] = x;
+      lane_at[k] = i;
+    }
   }
-  for (i = 0; i < v; ++i) {
-    const float x = load(i);
-    if (any_nan ? x != x : x == best) return i;
-  }
-  return 0;   // v >= 1 and the row holds `best` (or a NaN): not reached
+  if (nan)
+    for (i = 0; i < v; ++i)
+      if (load(i) != load(i)) return i;
+  float best = lane_max[0];
+  int64_t at = lane_at[0];
+  for (int k = 1; k < kLanes; ++k)
+    if (lane_max[k] > best || (lane_max[k] == best && lane_at[k] < at)) {
+      best = lane_max[k];
+      at = lane_at[k];
+    }
+  return at;
 }
 
 // (emitted, nodes, count) arrays of a walk, -1 filled, with pick(global row) naming each token.
