@@ -164,6 +164,10 @@ def test_walk_falls_back_to_greedy_tokens_for_other_dtypes():
         ref = greedy_walk(tree, other.to(torch.float32).contiguous(), width)
         assert res.emitted.tolist() == ref.emitted.tolist()
     assert expected.emitted.shape == (3, width)
+    rows = np.arange(logits.shape[0])[::-1].copy()          # float16 rows named in another order
+    half = logits.to(torch.float16)
+    res = greedy_walk(tree, half.flip(0), width, rows)
+    assert res.emitted.tolist() == greedy_walk(tree, half.to(torch.float32), width).emitted.tolist()
 
 
 def test_walk_names_a_logits_row_out_of_range():

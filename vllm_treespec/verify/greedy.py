@@ -38,10 +38,10 @@ def greedy_walk(batch: TreeBatch, logits: torch.Tensor, width: int,
     normally the deepest node + 1)."""
     if not isinstance(batch, TreeBatch):
         raise TypeError(f"greedy_walk takes a TreeBatch, got {type(batch).__name__}")
-    if logits.is_cuda:
-        return device_greedy_walk(batch, logits if rows is None else logits[torch.as_tensor(rows).to(logits.device)],
-                                  width)
-    return host_greedy_walk(batch, logits, width, rows)
+    if not logits.is_cuda:
+        return host_greedy_walk(batch, logits, width, rows)
+    node_logits = logits if rows is None else logits[torch.as_tensor(rows).to(logits.device)]
+    return device_greedy_walk(batch, node_logits, width)
 
 
 def host_greedy_walk(batch: TreeBatch, logits: torch.Tensor, width: int,
@@ -52,18 +52,16 @@ def host_greedy_walk(batch: TreeBatch, logits: torch.Tensor, width: int,
     from vllm_treespec.native import native
 
     host = batch.to("cpu")
-    n = host.tokens.numel()
-    if rows is None:
-        rows = np.arange(n, dtype=np.int64)
-    else:
-        rows = np.ascontiguousarray(torch.as_tensor(rows).cpu().numpy(), dtype=np.int64)
     walk_args = (host.offsets.numpy(), host.tokens.numpy(), host.parents.numpy())
     if logits.dim() == 2 and logits.dtype in (torch.float32, torch.bfloat16) and logits.stride(-1) == 1:
+        rows = (np.arange(host.tokens.numel(), dtype=np.int64) if rows is None
+                else np.ascontiguousarray(torch.as_tensor(rows).cpu().numpy(), dtype=np.int64))
         bf16 = logits.dtype == torch.bfloat16
         view = (logits.view(torch.int16) if bf16 else logits).detach().numpy()
         emitted, nodes, count = native().greedy_tree_walk_logits(*walk_args, view, bf16, rows, width)
     else:
-        target = greedy_tokens(logits[torch.from_numpy(rows)]).to(device="cpu", dtype=torch.int64)
+        node_logits = logits if rows is None else logits[torch.as_tensor(rows).to(logits.device)]
+        target = greedy_tokens(node_logits).to(device="cpu", dtype=torch.int64)
         emitted, nodes, count = native().greedy_tree_walk(*walk_args, target.numpy(), width)
     f = torch.from_numpy
     return AcceptResult.from_paths(host.offsets, f(emitted), f(count), f(nodes))
