@@ -152,6 +152,46 @@ def test_walk_reading_the_logits_equals_the_argmax_of_every_row(dtype, vocab):
         assert res.num_emitted.tolist() == count.tolist()
 
 
+def _hard_rows(rng, vocab: int) -> torch.Tensor:
+    """Rows that test an argmax's tie and NaN rule: few distinct values (many exact ties), +0 and
+    -0, all -inf rows, a NaN at the first, last and a random index, two NaNs, one large value in
+    the tail past the last 16-wide block."""
+    rows = [torch.from_numpy(rng.integers(-2, 3, size=(24, vocab)).astype(np.float32))]
+    signed_zero = torch.zeros(2, vocab)
+    signed_zero[0, ::2] = -0.0
+    signed_zero[1, 1::2] = -0.0
+    rows.append(signed_zero)
+    rows.append(torch.full((1, vocab), float("-inf")))
+    for at in {0, vocab - 1, int(rng.integers(vocab))}:
+        r = torch.randn(1, vocab)
+        r[0, at] = float("nan")
+        rows.append(r)
+    two = torch.randn(1, vocab)
+    two[0, [vocab // 2, vocab - 1]] = float("nan")
+    rows.append(two)
+    tail = torch.randn(1, vocab)
+    tail[0, -1] = 100.0
+    rows.append(tail)
+    rows.append(torch.randn(8, vocab) * 4)
+    return torch.cat(rows)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("portable", [False, True])
+def test_row_argmax_is_torch_argmax(dtype, portable):
+    """The walk's row argmax (the SIMD kernel this CPU dispatches to, and the portable loop) is
+    torch.argmax bitwise: first index of the largest, the first NaN wins, ties across SIMD lanes
+    and blocks, rows shorter than a block, the scalar tail after the last block."""
+    from vllm_treespec.native import native
+
+    rng = np.random.default_rng(11)
+    for vocab in [*range(1, 41), 1003, 49152]:
+        rows = _hard_rows(rng, vocab).to(dtype)
+        buf = rows.view(torch.uint16).numpy() if dtype == torch.bfloat16 else rows.numpy()
+        got = native().row_argmax(buf, dtype == torch.bfloat16, portable)
+        assert got.tolist() == torch.argmax(rows.float(), dim=-1).tolist(), vocab
+
+
 def test_walk_falls_back_to_greedy_tokens_for_other_dtypes():
     """float16 (or rows that are not contiguous) take the argmax of every row first: same result."""
     rng = np.random.default_rng(3)

@@ -11,13 +11,13 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
-#include <cstring>
-#include <limits>
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "tree_walk.h"
+#include "row_argmax.h"
 
 namespace py = pybind11;
 
@@ -25,53 +25,6 @@ namespace treespec::verify {
 namespace {
 
 using I64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
-
-// First index of the row's largest value, a NaN counting as the largest (the first NaN wins): the
-// rule of torch.argmax and of vLLM's CPU greedy_argmax over float32 logits, whose results the
-// walk must reproduce bitwise. load(i) is element i as float32 (bf16 widens exactly). One pass:
-// kLanes independent (max, first index) pairs, so the comparisons do not form one long chain;
-// lanes are merged by value, then by the smaller index. A NaN never wins a `>` comparison, so
-// rows holding one are rescanned for the first NaN (NaN logits are an error upstream; rare).
-template <class Load>
-int64_t row_argmax(const Load& load, int64_t v) {
-  constexpr int kLanes = 8;
-  float lane_max[kLanes];
-  int64_t lane_at[kLanes];
-  bool nan = false;
-  for (int k = 0; k < kLanes; ++k) {
-    lane_max[k] = -std::numeric_limits<float>::infinity();
-    lane_at[k] = v;                       // none yet: any real index is smaller
-  }
-  int64_t i = 0;
-  for (; i + kLanes <= v; i += kLanes)
-    for (int k = 0; k < kLanes; ++k) {
-      const float x = load(i + k);
-      nan |= x != x;
-      if (x > lane_max[k] || (lane_at[k] == v && x == lane_max[k])) {
-        lane_max[k] = x;
-        lane_at[k] = i + k;
-      }
-    }
-  for (int k = 0; i < v; ++i, ++k) {
-    const float x = load(i);
-    nan |= x != x;
-    if (x > lane_max[k] || (lane_at[k] == v && x == lane_max[k])) {
-      lane_max[k] = x;
-      lane_at[k] = i;
-    }
-  }
-  if (nan)
-    for (i = 0; i < v; ++i)
-      if (load(i) != load(i)) return i;
-  float best = lane_max[0];
-  int64_t at = lane_at[0];
-  for (int k = 1; k < kLanes; ++k)
-    if (lane_max[k] > best || (lane_max[k] == best && lane_at[k] < at)) {
-      best = lane_max[k];
-      at = lane_at[k];
-    }
-  return at;
-}
 
 // (emitted, nodes, count) arrays of a walk, -1 filled, with pick(global row) naming each token.
 template <class Pick>
@@ -104,6 +57,23 @@ py::tuple greedy_tree_walk(I64Array offsets, I64Array tokens, I64Array parents, 
   return walk_batch(lists, off, tok, b, width, [&](int64_t row) { return tgt[row]; });
 }
 
+// The logits buffer's (rows, vocab, row stride in elements), checked: [R, V >= 1] of float32, or of
+// uint16 holding bfloat16 bits, rows strided, elements contiguous.
+struct LogitsView {
+  const void* ptr;
+  int64_t num_rows, vocab, stride;
+};
+
+LogitsView logits_view(const char* fn, const py::buffer_info& info, bool bf16) {
+  const int64_t item = bf16 ? 2 : 4;
+  if (info.ndim != 2 || info.itemsize != item || info.shape[1] < 1 || info.strides[1] != item ||
+      info.strides[0] % item != 0)
+    throw std::invalid_argument(std::string(fn) + ": logits must be [R, V >= 1] of " +
+                                std::string(bf16 ? "bfloat16 bits (uint16)" : "float32") +
+                                " with contiguous rows");
+  return {info.ptr, info.shape[0], info.shape[1], info.strides[0] / item};
+}
+
 // logits: a 2-D buffer [R, V] of float32, or of uint16 holding bfloat16 bits (`bf16`), rows
 // strided, elements contiguous; rows [T]: node i's logits row.
 py::tuple greedy_tree_walk_logits(I64Array offsets, I64Array tokens, I64Array parents,
@@ -113,13 +83,8 @@ py::tuple greedy_tree_walk_logits(I64Array offsets, I64Array tokens, I64Array pa
     throw std::invalid_argument("greedy_tree_walk_logits: need offsets [B+1], tokens/parents/rows [T], "
                                 "width >= 1");
   const py::buffer_info info = logits.request();
-  const int64_t item = bf16 ? 2 : 4;
-  if (info.ndim != 2 || info.itemsize != item || info.shape[1] < 1 || info.strides[1] != item ||
-      info.strides[0] % item != 0)
-    throw std::invalid_argument("greedy_tree_walk_logits: logits must be [R, V >= 1] of " +
-                                std::string(bf16 ? "bfloat16 bits (uint16)" : "float32") +
-                                " with contiguous rows");
-  const int64_t num_rows = info.shape[0], vocab = info.shape[1], stride = info.strides[0] / item;
+  const LogitsView view = logits_view("greedy_tree_walk_logits", info, bf16);
+  const int64_t num_rows = view.num_rows, vocab = view.vocab, stride = view.stride;
   const int64_t* off = offsets.data();
   const int64_t* tok = tokens.data();
   const int64_t* row_of = rows.data();
@@ -130,22 +95,35 @@ py::tuple greedy_tree_walk_logits(I64Array offsets, I64Array tokens, I64Array pa
                                   std::to_string(num_rows));
   const ChildLists lists = check_tree_batch("greedy_tree_walk_logits", off, b, parents.data(), tok, t);
   if (bf16) {
-    const auto* base = static_cast<const uint16_t*>(info.ptr);
+    const auto* base = static_cast<const uint16_t*>(view.ptr);
     return walk_batch(lists, off, tok, b, width, [&](int64_t node) {
-      const uint16_t* row = base + row_of[node] * stride;
-      return row_argmax([row](int64_t j) {
-        const uint32_t bits = static_cast<uint32_t>(row[j]) << 16;
-        float x;
-        std::memcpy(&x, &bits, sizeof x);
-        return x;
-      }, vocab);
+      return row_argmax_bf16(base + row_of[node] * stride, vocab);
     });
   }
-  const auto* base = static_cast<const float*>(info.ptr);
+  const auto* base = static_cast<const float*>(view.ptr);
   return walk_batch(lists, off, tok, b, width, [&](int64_t node) {
-    const float* row = base + row_of[node] * stride;
-    return row_argmax([row](int64_t j) { return row[j]; }, vocab);
+    return row_argmax_f32(base + row_of[node] * stride, vocab);
   });
+}
+
+// Every row's argmax, with the kernel the walk uses or (portable=true) the portable one: what the
+// tests hold to torch.argmax on both paths, whichever the CPU dispatches to.
+py::array_t<int64_t> row_argmax(py::buffer logits, bool bf16, bool portable) {
+  const py::buffer_info info = logits.request();
+  const LogitsView view = logits_view("row_argmax", info, bf16);
+  py::array_t<int64_t> out(view.num_rows);
+  int64_t* at = out.mutable_data();
+  py::gil_scoped_release release;
+  for (int64_t r = 0; r < view.num_rows; ++r) {
+    if (bf16) {
+      const auto* row = static_cast<const uint16_t*>(view.ptr) + r * view.stride;
+      at[r] = portable ? row_argmax_bf16_portable(row, view.vocab) : row_argmax_bf16(row, view.vocab);
+    } else {
+      const auto* row = static_cast<const float*>(view.ptr) + r * view.stride;
+      at[r] = portable ? row_argmax_f32_portable(row, view.vocab) : row_argmax_f32(row, view.vocab);
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -159,6 +137,9 @@ void register_verify(py::module_& m) {
         py::arg("parents"), py::arg("logits"), py::arg("bf16"), py::arg("rows"), py::arg("width"),
         "greedy_tree_walk taking the argmax of each visited node's logits row (float32, or "
         "bfloat16 bits as uint16 with bf16=True; rows[i] = node i's row) as torch.argmax does.");
+  m.def("row_argmax", &row_argmax, py::arg("logits"), py::arg("bf16"), py::arg("portable") = false,
+        "Each row's argmax [R] as greedy_tree_walk_logits takes it (portable=True: without the "
+        "SIMD kernel).");
 }
 
 }  // namespace treespec::verify
