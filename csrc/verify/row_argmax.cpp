@@ -23,6 +23,22 @@ inline float bf16_to_float(uint16_t bits) {
   return x;
 }
 
+// Lanes that each hold (largest value seen, first index of it), merged: the largest value, ties
+// to the smaller index.
+struct MaxAt {
+  float value;
+  int64_t at;
+};
+
+template <class Index>
+MaxAt merge_lanes(const float* lane_max, const Index* lane_at, int lanes) {
+  MaxAt best{lane_max[0], static_cast<int64_t>(lane_at[0])};
+  for (int k = 1; k < lanes; ++k)
+    if (lane_max[k] > best.value || (lane_max[k] == best.value && lane_at[k] < best.at))
+      best = {lane_max[k], static_cast<int64_t>(lane_at[k])};
+  return best;
+}
+
 // kLanes independent (max, first index) pairs, so the comparisons do not form one long chain;
 // lanes are merged by value, then by the smaller index. A NaN never wins a `>` comparison, so rows
 // holding one are rescanned for the first NaN (NaN logits are an error upstream; rare).
@@ -57,14 +73,7 @@ int64_t portable_argmax(const Load& load, int64_t v) {
   if (nan)
     for (i = 0; i < v; ++i)
       if (load(i) != load(i)) return i;
-  float best = lane_max[0];
-  int64_t at = lane_at[0];
-  for (int k = 1; k < kLanes; ++k)
-    if (lane_max[k] > best || (lane_max[k] == best && lane_at[k] < at)) {
-      best = lane_max[k];
-      at = lane_at[k];
-    }
-  return at;
+  return merge_lanes(lane_max, lane_at, kLanes).at;
 }
 
 #ifdef TREESPEC_HAVE_AVX2_DISPATCH
@@ -115,13 +124,7 @@ __attribute__((target("avx2"))) int64_t avx2_argmax(const T* row, int64_t v) {
   _mm256_store_ps(lane_max + 8, max_b);
   _mm256_store_si256(reinterpret_cast<__m256i*>(lane_at), at_a);
   _mm256_store_si256(reinterpret_cast<__m256i*>(lane_at + 8), at_b);
-  float best = lane_max[0];
-  int64_t at = lane_at[0];
-  for (int k = 1; k < kBlock; ++k)
-    if (lane_max[k] > best || (lane_max[k] == best && lane_at[k] < at)) {
-      best = lane_max[k];
-      at = lane_at[k];
-    }
+  auto [best, at] = merge_lanes(lane_max, lane_at, kBlock);
   for (; i < v; ++i) {          // the tail: every index here is larger than any lane's
     const float x = load1(row + i);
     nan |= x != x;
