@@ -12,7 +12,7 @@ int64_t row_argmax_f32(const float* row, int64_t v);
 // row[0..v) of bfloat16 bits (the high half of a float32); v >= 1.
 int64_t row_argmax_bf16(const uint16_t* row, int64_t v);
 
-// The portable forms, without SIMD dispatch (tests compare the dispatched forms against them).
+// The portable forms, without SIMD dispatch (the tests hold both forms to torch.argmax).
 int64_t row_argmax_f32_portable(const float* row, int64_t v);
 int64_t row_argmax_bf16_portable(const uint16_t* row, int64_t v);
 

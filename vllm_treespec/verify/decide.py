@@ -36,7 +36,8 @@ def accept_trees(batch: TreeBatch, logits: torch.Tensor, params: Sequence[Any],
     batch: the step's trees (tree/batch.py), on the host or the logits' device; logits:
     [T, V] at every node row, or [R, V] with `logit_rows` [T] naming node i's row (the greedy
     walk then reads only the rows it visits; the sampled rules gather them); params: one per
-    request with temperature / top_k / top_p / min_p (vLLM's SamplingParams); generators: one per request (None: torch's default stream);
+    request with temperature / top_k / top_p / min_p (vLLM's SamplingParams); generators: one
+    per request (None: torch's default stream);
     q_probs / q_rows: the drafter's q rows in compact form (q_rows[u] = u's row, -1 = none);
     coin_rows: fixed coin block per seeded request (coins.py).
     """

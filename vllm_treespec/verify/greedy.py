@@ -40,8 +40,12 @@ def greedy_walk(batch: TreeBatch, logits: torch.Tensor, width: int,
         raise TypeError(f"greedy_walk takes a TreeBatch, got {type(batch).__name__}")
     if not logits.is_cuda:
         return host_greedy_walk(batch, logits, width, rows)
-    node_logits = logits if rows is None else logits[torch.as_tensor(rows).to(logits.device)]
-    return device_greedy_walk(batch, node_logits, width)
+    return device_greedy_walk(batch, _node_logits(logits, rows), width)
+
+
+def _node_logits(logits: torch.Tensor, rows: torch.Tensor | np.ndarray | None) -> torch.Tensor:
+    """[T, V]: node i's logits row (the logits themselves when rows is None)."""
+    return logits if rows is None else logits[torch.as_tensor(rows).to(logits.device)]
 
 
 def host_greedy_walk(batch: TreeBatch, logits: torch.Tensor, width: int,
@@ -60,8 +64,7 @@ def host_greedy_walk(batch: TreeBatch, logits: torch.Tensor, width: int,
         view = (logits.view(torch.int16) if bf16 else logits).detach().numpy()
         emitted, nodes, count = native().greedy_tree_walk_logits(*walk_args, view, bf16, rows, width)
     else:
-        node_logits = logits if rows is None else logits[torch.as_tensor(rows).to(logits.device)]
-        target = greedy_tokens(node_logits).to(device="cpu", dtype=torch.int64)
+        target = greedy_tokens(_node_logits(logits, rows)).to(device="cpu", dtype=torch.int64)
         emitted, nodes, count = native().greedy_tree_walk(*walk_args, target.numpy(), width)
     f = torch.from_numpy
     return AcceptResult.from_paths(host.offsets, f(emitted), f(count), f(nodes))
