@@ -283,6 +283,17 @@ def turn_order(num_configs: int, turn: int) -> list[int]:
     return [(turn + j) % num_configs for j in range(num_configs)]
 
 
+def start_order(num_configs: int, life: int, rule: str) -> list[int]:
+    """Config indices in the order lifetime `life` starts their servers: as given, or (`rotate`)
+    rotated by `life`, so that over n fresh lifetimes every config starts once in each position
+    (a server started later may be placed worse in memory; the A/A shows whether it is)."""
+    if rule == "given":
+        return list(range(num_configs))
+    if rule == "rotate":
+        return turn_order(num_configs, life)
+    raise ValueError(f"unknown start order {rule!r}")
+
+
 # -- arithmetic (pure) -----------------------------------------------------------------------
 
 def median_index(values: Sequence[float]) -> int:
@@ -585,6 +596,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "earlier answer. Lifetime i's prompts come from the pool shuffled by --seed + i. "
                         "`--fresh-servers temperature`: before each temperature of each round, for runs "
                         "whose rounds need more prompts than the pool holds")
+    p.add_argument("--start-order", choices=("given", "rotate"), default="given",
+                   help="the order servers start in: as --configs lists them, or rotated by one per "
+                        "lifetime (with --fresh-servers, every config starts in every position over as many "
+                        "lifetimes as configs; the record keeps each server's start_position)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
                    help="serve every config in this dtype (default: vLLM's default, bf16 on CPU). On a CPU "
                         "without native bf16 (AVX2 only) vLLM's bf16 is emulated and far slower "
@@ -737,19 +752,22 @@ def main(argv: list[str] | None = None) -> int:
             if ns.pin_frontend:     # servers inherit this process's cores: give them all back first
                 os.sched_setaffinity(0, own_cores)
             clock_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench_matrix_clock_")))
-            servers, clocks, infos = [], [], []
-            for j, c in enumerate(configs):
+            servers: list[Any] = [None] * len(configs)
+            clocks: list[Any] = [None] * len(configs)
+            infos: list[dict[str, Any]] = [{} for _ in configs]
+            for position, j in enumerate(start_order(len(configs), life, ns.start_order)):
+                c = configs[j]
                 _log(f"[{c.label}] starting server ...")
                 t0 = time.monotonic()
-                clocks.append(new_clock(clock_dir / f"forward_{j}.bin"))
-                servers.append(stack.enter_context(serve(model_dir, c.args, base_args=base_args,
-                                                         env=clock_env(clocks[-1]))))
-                infos.append({"spec": c.spec, "label": c.label, "args": list(c.args),
-                              "startup_s": round(time.monotonic() - t0, 1), "dtype": server_dtype(servers[-1])})
+                clocks[j] = new_clock(clock_dir / f"forward_{j}.bin")
+                servers[j] = stack.enter_context(serve(model_dir, c.args, base_args=base_args,
+                                                       env=clock_env(clocks[j])))
+                infos[j] = {"spec": c.spec, "label": c.label, "args": list(c.args), "start_position": position,
+                            "startup_s": round(time.monotonic() - t0, 1), "dtype": server_dtype(servers[j])}
                 if ns.fresh_servers:
-                    infos[-1]["round"] = life
+                    infos[j]["round"] = life
                 if ns.pin_frontend:
-                    infos[-1]["cores"] = pin_frontend(servers[-1])
+                    infos[j]["cores"] = pin_frontend(servers[j])
             if ns.pin_frontend:     # the client too, once every server has started with all cores
                 os.sched_setaffinity(0, infos[0]["cores"]["frontend"])
             for s, info in zip(servers, infos):
@@ -910,6 +928,7 @@ def main(argv: list[str] | None = None) -> int:
                      "temperatures": ns.temperatures, "rounds": ns.rounds, "idle_gap_s": ns.idle_gap,
                      "pin_frontend": ns.pin_frontend, "stream": ns.stream,
                      "seed": ns.seed, "shared_prompts": ns.shared_prompts, "fresh_servers": ns.fresh_servers,
+                     "start_order": ns.start_order,
                      "ignore_eos": ignore_eos,
                      "waves": _one_or_per_concurrency(ns.waves_for),
                      "batch_rule": "max(8, waves x concurrency), at most num_prompts; order rotates by one per batch",

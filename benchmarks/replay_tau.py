@@ -102,6 +102,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--costs", type=float, nargs=2, metavar=("ROW", "STEP"), default=None,
                    help="a verified row's and a speculative step's cost in plain steps (one client): "
                         "prints the speedup they imply (served greedy c=1 on SmolLM2 fits about 0.05 0.12)")
+    p.add_argument("--calibration", nargs="+", choices=("source", "pooled"), default=["source"],
+                   help="with --prune-margin: calibrate ratings per node source (DraftTree.source, as the "
+                        "engine does) and/or pooled into one curve (each mode replayed)")
     p.add_argument("--prune-margin", type=float, default=None,
                    help="with --costs: cut treespec drafts as budget.gain.confidence would at those costs "
                         "times this margin (the engine's default margin is 1.5)")
@@ -157,6 +160,7 @@ def accepted_length(tokens: np.ndarray, parents: np.ndarray, continuation: Seque
 
 
 RATING_BINS = 20
+SOURCES = 2          # DraftTree.source values the lookup-trie drafter emits (csrc/lookup/lookup_trie_tree.h)
 
 
 def rating_table(verified: np.ndarray, accepted: np.ndarray) -> list[dict]:
@@ -181,7 +185,8 @@ def target_features(model: Any, records: Sequence[dict], aux_ids: Sequence[int])
 
 def replay(drafter: Any, budget: int, records: Sequence[dict], max_len: int = 1024,
            features: Sequence[list[Any]] | None = None, concurrency: int = 1, ratings: bool = True,
-           costs: tuple[float, float] | None = None, prune_margin: float | None = None) -> dict:
+           costs: tuple[float, float] | None = None, prune_margin: float | None = None,
+           pooled: bool = False) -> dict:
     """Replay one drafter over every recorded request. `concurrency` requests are in flight at
     once, in order, each finished one replaced by the next (continuous batching); a step drafts
     for every request in flight in one propose call, so drafters that learn from other requests
@@ -195,16 +200,17 @@ def replay(drafter: Any, budget: int, records: Sequence[dict], max_len: int = 10
     costs imply. `prune_margin`: also cut drafts as budget.gain.confidence does with those costs
     held fixed and times the margin: each tree to the longest prefix whose nodes' calibrated
     worth (DraftCalibration over the rating, learnt from the replay's own verified nodes) pays
-    for a row, the step's drafts dropped unless their net gain pays for the step."""
+    for a row, the step's drafts dropped unless their net gain pays for the step; one curve per
+    node source (DraftTree.source, as the engine calibrates) or, `pooled`, one for all."""
     from vllm_treespec.drafters import DraftInputs
     from vllm_treespec.drafters.base import TargetStates
 
-    from vllm_treespec.budget.confidence import GREEDY_CLASS, DraftCalibration, path_probs
+    from vllm_treespec.budget.confidence import GREEDY_CLASS, DraftCalibration, batch_sources, path_probs
 
     steps = drafted_steps = accepted = nodes = 0
     draft_s = 0.0
-    rated = np.zeros(RATING_BINS)               # drafted nodes per rating bin (treespec trees only)
-    rated_hits = np.zeros(RATING_BINS)
+    rated = np.zeros((SOURCES, RATING_BINS))    # drafted nodes per node source and rating bin
+    rated_hits = np.zeros((SOURCES, RATING_BINS))   # (treespec trees only; DraftTree.source)
     slots = max(1, concurrency)
     if features is not None and slots > 1:
         raise ValueError("drafters that read target states replay at concurrency 1 only")
@@ -248,7 +254,7 @@ def replay(drafter: Any, budget: int, records: Sequence[dict], max_len: int = 10
             buf[a["slot"], n:] = tail
         if calibration is not None:
             trees = prune_by_confidence(list(trees), calibration, prune_margin * costs[0],
-                                        prune_margin * costs[1])
+                                        prune_margin * costs[1], by_source=not pooled)
         step_rows = sum(t.num_draft for t in trees)
         rows_verified += step_rows
         spec_steps += step_rows > 0
@@ -259,15 +265,17 @@ def replay(drafter: Any, budget: int, records: Sequence[dict], max_len: int = 10
             acc = min(len(path), m - 1)
             if (calibration is not None or ratings) and tree.num_draft:
                 probs = path_probs(tree)                        # each node's rating, computed once
+                sources = batch_sources([tree])
                 hit = np.asarray(path[:acc], dtype=np.int64) - 1   # accepted nodes' indices
                 if calibration is not None:
                     accepted_mask = np.zeros(tree.num_draft, dtype=bool)
                     accepted_mask[hit] = True
-                    calibration.observe(GREEDY_CLASS, probs, accepted_mask)
+                    calibration.observe(GREEDY_CLASS, probs, accepted_mask,
+                                        None if pooled else sources)
                 if ratings:
                     b = np.minimum((probs * RATING_BINS).astype(np.int64), RATING_BINS - 1)
-                    np.add.at(rated, b, 1.0)
-                    np.add.at(rated_hits, b[hit], 1.0)
+                    np.add.at(rated, (sources, b), 1.0)
+                    np.add.at(rated_hits, (sources[hit], b[hit]), 1.0)
             steps += 1
             if tree.num_draft:
                 drafted_steps += 1
@@ -292,20 +300,25 @@ def replay(drafter: Any, budget: int, records: Sequence[dict], max_len: int = 10
             "rows_verified": rows_verified, "speculative_steps": spec_steps,
             "steps": steps, "drafted_steps": drafted_steps, "accepted": accepted,
             "mean_nodes": nodes / max(drafted_steps, 1), "draft_ms_per_step": 1e3 * draft_s / max(steps, 1),
-            "drafted_share": drafted_steps / max(steps, 1), "ratings": rating_table(rated, rated_hits)}
+            "drafted_share": drafted_steps / max(steps, 1), "ratings": rating_table(rated.sum(0), rated_hits.sum(0)),
+            "ratings_by_source": {str(src): rating_table(rated[src], rated_hits[src])
+                                  for src in range(SOURCES) if rated[src].any()},
+            "calibration": "pooled" if pooled else "per source"}
 
 
-def prune_by_confidence(trees: list[Any], calibration: Any, row_cost: float, step_cost: float) -> list[Any]:
+def prune_by_confidence(trees: list[Any], calibration: Any, row_cost: float, step_cost: float,
+                        by_source: bool = True) -> list[Any]:
     """budget.gain.confidence's cut with fixed costs (see `replay`): each tree to the prefix whose
-    calibrated worth pays for its rows, all of them to nothing if the step's net gain does not
-    pay for a speculative step."""
-    from vllm_treespec.budget.confidence import GREEDY_CLASS, batch_path_probs, keep_prefixes
+    calibrated worth (one curve per node source unless `by_source` is false) pays for its rows,
+    all of them to nothing if the step's net gain does not pay for a speculative step."""
+    from vllm_treespec.budget.confidence import GREEDY_CLASS, batch_path_probs, batch_sources, keep_prefixes
 
     drafted = [i for i, t in enumerate(trees) if t.num_draft]
     if not drafted:
         return trees
     probs, offsets = batch_path_probs([trees[i] for i in drafted])
-    kept, net = keep_prefixes(calibration.worth(GREEDY_CLASS, probs), offsets, row_cost)
+    sources = batch_sources([trees[i] for i in drafted]) if by_source else None
+    kept, net = keep_prefixes(calibration.worth(GREEDY_CLASS, probs, sources), offsets, row_cost)
     kept[net <= 0] = 0
     if net[kept > 0].sum() <= step_cost:
         kept[:] = 0
@@ -451,22 +464,26 @@ def main(argv: list[str] | None = None) -> int:
 
     for concurrency in ns.concurrency:
         for budget in ns.budgets:
-            for name, cfg in configs:
+            for (name, cfg), mode in ((c, m) for c in configs
+                                      for m in (ns.calibration if c[1] not in VLLM_METHODS else ["source"])):
                 drafter, nodes, feats = make(cfg, budget)   # fresh: nothing learnt from another run
                 row = {"config": name, "budget": budget, "concurrency": concurrency,
                        **replay(drafter, nodes, records, features=feats, concurrency=concurrency,
                                 ratings=cfg not in VLLM_METHODS, costs=ns.costs,
-                                prune_margin=ns.prune_margin if cfg not in VLLM_METHODS else None),
+                                prune_margin=ns.prune_margin if cfg not in VLLM_METHODS else None,
+                                pooled=mode == "pooled"),
                        "treespec": None if cfg in VLLM_METHODS else cfg}
                 rows.append(row)
                 modeled = "" if row["modeled_speedup"] is None else f" {row['modeled_speedup']:7.3f}x"
-                print(f"{name:34s} {budget:6d} {concurrency:4d} {row['tau']:6.2f} "
+                label = name + ("/pooled" if mode == "pooled" and ns.prune_margin is not None else "")
+                print(f"{label:34s} {budget:6d} {concurrency:4d} {row['tau']:6.2f} "
                       f"{row['tokens_per_step']:8.2f} {row['mean_nodes']:6.1f} "
                       f"{row['draft_ms_per_step']:8.3f} {row['drafted_share']:6.2f}{modeled}", flush=True)
                 if ns.ratings:
-                    for r in row["ratings"]:
-                        print(f"    rated {r['rating'][0]:.2f}-{r['rating'][1]:.2f}: {r['nodes']:6d} nodes, "
-                              f"{100 * r['accepted_share']:5.1f}% accepted")
+                    for src, table in row["ratings_by_source"].items():
+                        for r in table:
+                            print(f"    source {src} rated {r['rating'][0]:.2f}-{r['rating'][1]:.2f}: "
+                                  f"{r['nodes']:6d} nodes, {100 * r['accepted_share']:5.1f}% accepted")
     if ns.output is not None:
         from harness.report import git_commit, hardware_info, software_info
 

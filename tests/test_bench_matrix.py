@@ -135,6 +135,18 @@ def test_turn_rotation():
     assert orders[n] == orders[0]
 
 
+def test_start_order():
+    n = 3
+    assert [bm.start_order(n, life, "given") for life in range(n)] == [[0, 1, 2]] * n
+    rotated = [bm.start_order(n, life, "rotate") for life in range(n)]
+    assert rotated[1] == [1, 2, 0]
+    for pos in range(n):       # over n lifetimes every config starts once in every position
+        assert sorted(o[pos] for o in rotated) == list(range(n))
+    assert bm.parse_args(["--configs", "off"]).start_order == "given"
+    with pytest.raises(ValueError, match="start order"):
+        bm.start_order(n, 0, "random")
+
+
 def test_regimes():
     regs = bm.regimes([0, 0.7, 1.0], [1, 8, 32])
     assert [r.label for r in regs[:4]] == ["greedy c=1", "greedy c=8", "greedy c=32", "T=0.7 c=1"]

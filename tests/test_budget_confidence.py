@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vllm_treespec.budget.confidence import (GREEDY_CLASS, DraftCalibration, batch_path_probs, keep_prefixes,
-                                           path_probs)
+from vllm_treespec.budget.confidence import (GREEDY_CLASS, DraftCalibration, batch_path_probs, batch_sources,
+                                           keep_prefixes, path_probs)
 from vllm_treespec.budget.gain import GainControl, GainCosts
 from vllm_treespec.config import ConfigError
 from vllm_treespec.tree import DraftTree
@@ -49,6 +49,32 @@ def test_calibration_starts_at_the_rating_and_learns_each_class_apart():
     assert cal.worth("greedy", [0.95])[0] == pytest.approx(0.5, abs=0.02)   # pooled with unmeasured bins below
     assert cal.worth("0.7", [0.95])[0] == pytest.approx(0.95)                   # another class: untouched
     assert cal.observed("greedy")[9] == 400 and cal.observed("0.7").sum() == 0
+
+
+def test_each_node_source_has_its_own_curve():
+    """Trie guesses rated 0.95 and accepted 10% of the time do not drag down match continuations
+    rated 0.85 and accepted 60% (one pooled non-decreasing curve would give both about 35%)."""
+    cal = DraftCalibration(bins=20, prior_weight=4.0)
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        cal.observe("greedy", np.array([0.97, 0.87]), rng.random(2) < np.array([0.1, 0.6]),
+                    np.array([1, 0], np.int8))
+    worth = cal.worth("greedy", np.array([0.97, 0.87]), np.array([1, 0], np.int8))
+    assert worth[0] < 0.2 and worth[1] > 0.5
+    assert cal.observed("greedy", 0).sum() == 300 and cal.observed("greedy", 1).sum() == 300
+    pooled = DraftCalibration(bins=20, prior_weight=4.0)
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        pooled.observe("greedy", np.array([0.97, 0.87]), rng.random(2) < np.array([0.1, 0.6]))
+    assert 0.2 < pooled.worth("greedy", [0.87])[0] < 0.5      # what the sources keep apart
+    # no sources (or all 0): the source-0 curve
+    assert np.allclose(cal.worth("greedy", [0.87]), cal.worth("greedy", [0.87], np.zeros(1, np.int8)))
+
+
+def test_batch_sources_follow_the_trees():
+    trees = [DraftTree([1, 2, 3], [-1, 0, 1], source=[0, 0, 1]), DraftTree.chain(4, [5, 6])]
+    assert batch_sources(trees).tolist() == [0, 1, 0, 0]
+    assert trees[0].prefix(1).source.tolist() == [0, 0]
 
 
 def test_calibrated_worth_never_falls_as_the_rating_rises():

@@ -17,17 +17,17 @@ from vllm_treespec.tree import DraftTree
 
 
 def same(a: DraftTree, b: DraftTree) -> None:
-    for f in ("tokens", "parents", "depth", "logprob", "score"):
+    for f in ("tokens", "parents", "depth", "logprob", "score", "source"):
         assert np.array_equal(getattr(a, f), getattr(b, f)), (f, getattr(a, f), getattr(b, f))
 
 
 def native_trees(trie: NgramTrie, buf, rows, lens, budgets, **p) -> list[DraftTree]:
-    tokens, parents, depth, logprob, score, counts = trie._t.lookup_trie_trees(
+    tokens, parents, depth, logprob, score, counts, source = trie._t.lookup_trie_trees(
         buf, np.asarray(rows, np.int64), np.asarray(lens, np.int64), np.asarray(budgets, np.int64), **p)
     out, start = [], 0
     for end in np.cumsum(counts + 1).tolist():
         out.append(DraftTree(tokens[start:end], parents[start:end], depth[start:end],
-                             logprob[start:end], score[start:end]))   # validates the tree
+                             logprob[start:end], score[start:end], source=source[start:end]))   # validates
         start = end
     return out
 
@@ -169,6 +169,8 @@ def test_lookup_weight_one_follows_the_match_and_zero_is_the_trie_alone():
         trie_only = native_trees(trie, buf, [0], [7], [3], lookup_weight=0.0, **kw)[0]
         assert lookup.draft_token_ids() == [7, 8, 9]
         assert trie_only.draft_token_ids() == [2, 3, 4]
+        # each node says what rated it (DraftTree.source), so the engine calibrates the two apart
+        assert lookup.source.tolist() == [0, 0, 0, 0] and trie_only.source.tolist() == [0, 1, 1, 1]
 
 
 def test_sampled_requests_draft_from_the_sampled_trie():

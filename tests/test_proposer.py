@@ -273,7 +273,7 @@ def test_confidence_mode_keeps_what_the_rated_nodes_pay_for_and_learns_from_veri
     runner.requests = {r: SimpleNamespace(sampling_params=SamplingParams(temperature=0.0), output_token_ids=[1])
                        for r in ids}
     assert p.propose_step(runner, _sched(), [[3]] * 2) == [[9, 1, 2, 3]] * 2
-    assert p.requests["a"].rated.shape == (4,) and p.requests["a"].rated[0] > 0
+    assert p.requests["a"].rated[0].shape == (4,) and p.requests["a"].rated[0][0] > 0
     step = p.plan_step(ids, np.array([5] * 2), {r: [9, 1, 2, 3] for r in ids}, np.array([0, 5, 10]),
                        np.array([7] * 2))
     accepted_nodes = np.array([[1, 2, -1, -1], [-1, -1, -1, -1]])
@@ -314,7 +314,7 @@ def test_confidence_mode_calibrates_the_score_it_decides_by_unless_told_to_calib
         runner = _runner([[1, 2, 3, 9, 1, 2, 3]], ["a"])
         runner.requests = {"a": SimpleNamespace(sampling_params=SamplingParams(temperature=0.0), output_token_ids=[1])}
         assert len(p.propose_step(runner, _sched(), [[3]])[0]) > 0
-        rated[calibrate_score] = p.requests["a"].rated
+        rated[calibrate_score] = p.requests["a"].rated[0]
         record = p.requests["a"].gain_record(p.budget.gain)
     ratings = rated[False]
     own = p.budget.gain.reach.reach_many([record.acceptance])[0, :ratings.size]
@@ -346,7 +346,7 @@ def test_confidence_mode_rates_the_greedy_trees_of_a_drafter_that_samples(tmp_pa
                        for r, t in zip(ids, (0.0, 0.8))}
     drafts = p.propose_step(runner, _sched(), [[3]] * 2)
     assert len(drafts[0]) == 4 and len(drafts[1]) == 4          # rows are free before any cost is measured
-    assert p.requests["greedy"].rated.shape == (4,) and p.requests["greedy"].draft_probs is None
+    assert p.requests["greedy"].rated[0].shape == (4,) and p.requests["greedy"].draft_probs is None
     assert p.requests["sampled"].rated is None and p.requests["sampled"].draft_probs is not None
 
 
@@ -818,25 +818,30 @@ def test_only_tree_deployments_replace_the_attention_backend(monkeypatch):
 
 def test_rated_trees_calibrate_in_one_update_as_tree_by_tree():
     """The step's rated trees update the calibration at once; the counts are those of one update
-    per tree (nodes past what vLLM scheduled, and accepted ids past them, are left out)."""
+    per tree (nodes past what vLLM scheduled, and accepted ids past them, are left out), each
+    node in its source's curve."""
     from vllm_treespec.budget.confidence import GREEDY_CLASS, DraftCalibration
     from vllm_treespec.engine.proposer import TreeProposer
 
     p = TreeProposer(_vllm_config(k=4, treespec={"drafter": {"type": "prompt_lookup"},
                                                  "budget": {"gain": {"enabled": True, "confidence": True}}}))
     rated = {"a": np.array([0.9, 0.7, 0.4]), "b": None, "c": np.array([0.95, 0.05]), "d": np.array([0.3])}
+    sources = {"a": np.array([0, 1, 1], np.int8), "c": np.array([1, 0], np.int8), "d": np.array([0], np.int8)}
     for req_id, probs in rated.items():
-        p.requests.state(req_id).rated = probs
+        p.requests.state(req_id).rated = None if probs is None else (probs, sources[req_id])
     sizes = [3, 2, 1, 1]                                   # vLLM scheduled one node of c's two
     accepted_nodes = np.array([[1, 2, -1], [1, -1, -1], [1, 2, -1], [-1, -1, -1]])
     p.budget._observe_rated(p.requests, list(rated), sizes, accepted_nodes)
     reference = DraftCalibration()
-    reference.observe(GREEDY_CLASS, rated["a"], np.array([True, True, False]))
-    reference.observe(GREEDY_CLASS, rated["c"][:1], np.array([True]))
-    reference.observe(GREEDY_CLASS, rated["d"], np.array([False]))
-    np.testing.assert_array_equal(p.budget.calibration.observed(GREEDY_CLASS),
-                                  reference.observed(GREEDY_CLASS))
-    np.testing.assert_allclose(p.budget.calibration.rates(GREEDY_CLASS), reference.rates(GREEDY_CLASS))
+    reference.observe(GREEDY_CLASS, rated["a"], np.array([True, True, False]), sources["a"])
+    reference.observe(GREEDY_CLASS, rated["c"][:1], np.array([True]), sources["c"][:1])
+    reference.observe(GREEDY_CLASS, rated["d"], np.array([False]), sources["d"])
+    for source in (0, 1):
+        np.testing.assert_array_equal(p.budget.calibration.observed(GREEDY_CLASS, source),
+                                      reference.observed(GREEDY_CLASS, source))
+        np.testing.assert_allclose(p.budget.calibration.rates(GREEDY_CLASS, source),
+                                   reference.rates(GREEDY_CLASS, source))
+    assert p.budget.calibration.observed(GREEDY_CLASS, 1).sum() == 3     # a's last two, c's first
     assert all(p.requests[r].rated is None for r in rated)
 
 

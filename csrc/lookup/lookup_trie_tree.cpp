@@ -117,7 +117,8 @@ void propose_lookup_trie_tree(const int32_t* tokens, int64_t n, int64_t budget,
   const auto emitted_count = [&]() { return static_cast<int64_t>(out->size() - start); };
   const auto emit = [&](int32_t v) {
     s.emitted[v] = static_cast<int32_t>(emitted_count()) + 1;
-    out->push_back({s.token[v], s.emitted[s.parent[v]], s.depth[v], s.logp[v], s.score[v]});
+    out->push_back({s.token[v], s.emitted[s.parent[v]], s.depth[v], s.logp[v], s.score[v],
+                    s.match[v] >= 0 ? kSourceMatch : kSourceTrie});
   };
   // Scores are sums of log P <= 0; a floor of 0 admits every node (log 0 = -inf).
   const double floor = params.min_path_prob > 0.0 ? std::log(params.min_path_prob)

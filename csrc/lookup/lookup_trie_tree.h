@@ -55,7 +55,14 @@ struct MixedNode {
   int32_t depth;
   double logprob;  // log P of this node given its parent
   double score;    // sum of logprob along the path
+  int8_t source;   // kSourceMatch: the token continues a suffix match; kSourceTrie: the trie's guess alone
 };
+
+// What rated a node (DraftTree.source): a match continuation and a trie guess rated alike are
+// not accepted alike (replayed on SmolLM2 chat, trie guesses rated 0.95-1 were accepted 14% of
+// the time, match continuations rated 0.80-0.85 56%), so the engine calibrates each apart.
+constexpr int8_t kSourceMatch = 0;
+constexpr int8_t kSourceTrie = 1;
 
 // Appends at most `budget` nodes of the tree of tokens[0:n] (root = tokens[n-1]) to `out`.
 // `online` (may be null) must be read-locked by the caller for the duration of the call.

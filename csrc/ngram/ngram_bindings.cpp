@@ -127,7 +127,8 @@ const Cursor* checked_cursors(const Handle& h, const CursorArray& c) {
 // Lookup-trie trees (csrc/lookup/lookup_trie_tree.h) for several rows of vLLM's [rows, max_len]
 // int32 token buffer: request i reads the first lengths[i] tokens of row rows[i] and gets at
 // most budgets[i] nodes. Returns (tokens, parents, depth int64, logprob, score float64,
-// counts int64[B]): one root-first DraftTree block of counts[i] + 1 entries per request.
+// counts int64[B], source int8): one root-first DraftTree block of counts[i] + 1 entries per
+// request (source: MixedNode::source, kSourceMatch at the roots).
 py::tuple lookup_trie_trees(const Handle& h, const I32Strict& token_ids, const I64Strict& rows,
                             const I64Strict& lengths, const I64Strict& budgets,
                             const treespec::lookup::LookupTrieParams& prm) {
@@ -144,6 +145,7 @@ py::tuple lookup_trie_trees(const Handle& h, const I32Strict& token_ids, const I
   const int64_t* len = lengths.data();
   std::vector<int64_t> tokens, parents, depth, counts;
   std::vector<double> logprob, score;
+  std::vector<int8_t> source;
   std::shared_ptr<OnlineCounts> online = h.online;
   std::shared_ptr<treespec::lookup::RecentOutputs> recent = prm.recent_max_n > 0 ? h.recent : nullptr;
   {
@@ -161,17 +163,18 @@ py::tuple lookup_trie_trees(const Handle& h, const I32Strict& token_ids, const I
                                                  &h.memo->memo,  // unused with an online layer
                                                  recent.get());
       tokens.push_back(row[len[i] - 1]), parents.push_back(-1), depth.push_back(0);
-      logprob.push_back(0.0), score.push_back(0.0);
+      logprob.push_back(0.0), score.push_back(0.0), source.push_back(treespec::lookup::kSourceMatch);
       for (const auto& n : nodes) {
         tokens.push_back(n.token), parents.push_back(n.parent), depth.push_back(n.depth);
-        logprob.push_back(n.logprob), score.push_back(n.score);
+        logprob.push_back(n.logprob), score.push_back(n.score), source.push_back(n.source);
       }
       counts.push_back(static_cast<int64_t>(nodes.size()));
     }
   }
   using treespec::lookup::to_numpy;
   return py::make_tuple(to_numpy(std::move(tokens)), to_numpy(std::move(parents)), to_numpy(std::move(depth)),
-                        to_numpy(std::move(logprob)), to_numpy(std::move(score)), to_numpy(std::move(counts)));
+                        to_numpy(std::move(logprob)), to_numpy(std::move(score)), to_numpy(std::move(counts)),
+                        to_numpy(std::move(source)));
 }
 
 py::dict header_dict(const TrieFile& t) {

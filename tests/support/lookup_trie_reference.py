@@ -11,7 +11,9 @@ import numpy as np
 
 from vllm_treespec.tree import DraftTree
 
-__all__ = ["lookup_trie_trees_reference", "match_trie_reference"]
+__all__ = ["SOURCE_MATCH", "SOURCE_TRIE", "lookup_trie_trees_reference", "match_trie_reference"]
+
+SOURCE_MATCH, SOURCE_TRIE = 0, 1     # DraftTree.source: a match continuation, the trie's guess alone
 
 
 def _own_matches(tokens: list[int], min_n: int, max_n: int, k: int) -> list[tuple]:
@@ -109,9 +111,9 @@ def lookup_trie_trees_reference(token_ids: np.ndarray, rows: Sequence[int], num_
         if depth_per_match > 0:
             cap = math.ceil(depth_per_match * (match_len if match_len > 0 else max(1, trie.order - 1)))
             depth_cap = min(max_depth, max(1, cap))
-        toks, pars, deps, lps, scs = [root], [-1], [0], [0.0], [0.0]
+        toks, pars, deps, lps, scs, srcs = [root], [-1], [0], [0.0], [0.0], [0]
         if budget <= 0:
-            out.append(DraftTree(toks, pars, deps, lps, scs))
+            out.append(DraftTree(toks, pars, deps, lps, scs, source=srcs))
             continue
 
         def children(path: tuple, match: int | None) -> list:
@@ -148,8 +150,9 @@ def lookup_trie_trees_reference(token_ids: np.ndarray, rows: Sequence[int], num_
                     break
                 score += lp
                 toks.append(t), pars.append(parent), deps.append(len(path) + 1), lps.append(lp), scs.append(score)
+                srcs.append(SOURCE_MATCH if match is not None else SOURCE_TRIE)
                 parent, path = len(toks) - 1, path + (t,)
-            out.append(DraftTree(toks, pars, deps, lps, scs))
+            out.append(DraftTree(toks, pars, deps, lps, scs, source=srcs))
             continue
         heap: list = []
 
@@ -163,6 +166,7 @@ def lookup_trie_trees_reference(token_ids: np.ndarray, rows: Sequence[int], num_
         while heap and len(toks) - 1 < budget and -heap[0][0] >= floor:
             neg, d, pospath, path, cm, parent, lp = heapq.heappop(heap)
             toks.append(path[-1]), pars.append(parent), deps.append(d), lps.append(lp), scs.append(-neg)
+            srcs.append(SOURCE_MATCH if cm is not None else SOURCE_TRIE)
             push_children(path, cm, -neg, len(toks) - 1, pospath)
-        out.append(DraftTree(toks, pars, deps, lps, scs))
+        out.append(DraftTree(toks, pars, deps, lps, scs, source=srcs))
     return out

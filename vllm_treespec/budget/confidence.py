@@ -17,6 +17,16 @@ rating (a node rated higher is never worth less: adjacent bins that break the or
 weighted by how much each has seen), and a tree is kept up to the first node worth
 less than a verified row costs (`keep_prefixes`).
 
+A rating means different things by where it came from: the lookup-trie drafter rates a
+continuation of the request's matched suffix and a guess of its n-gram trie alone on one scale.
+Replayed on SmolLM2 chat at 8 requests with one pooled curve, the trie's guesses rated 0.95-1
+were accepted 4% of the time and match continuations rated 0.80-0.85 64%
+(`replay_tau_sources_c8_smollm2-135m.json`, the pooled row's `ratings_by_source`): in one
+non-decreasing curve the first drag the second down, and at a row price above the pooled rate
+both are cut. So each node's `DraftTree.source` keeps its own curve (the same replay: 1.27x
+modeled against 1.24x pooled at 8 requests, 1.53x against 1.50x at one; on the code-LM
+fixture the two tie, `replay_tau_sources_c{1,8}_code-lm.json`).
+
 Nodes below that cost are never verified, so their bins keep their prior (the rating itself:
 optimistic, so drafting starts at once and learns from its first steps, as the greedy prior of
 budget/reach.py does).
@@ -30,7 +40,7 @@ import numpy as np
 from vllm_treespec.tree import DraftTree
 from vllm_treespec.tree.ancestors import local_index
 
-__all__ = ["DraftCalibration", "GREEDY_CLASS", "batch_path_probs", "keep_prefixes", "path_probs"]
+__all__ = ["DraftCalibration", "GREEDY_CLASS", "batch_path_probs", "batch_sources", "keep_prefixes", "path_probs"]
 
 GREEDY_CLASS = "greedy"       # the calibration class of greedy requests
 
@@ -67,6 +77,13 @@ def batch_path_probs(trees: list[DraftTree]) -> tuple[np.ndarray, np.ndarray]:
     return np.exp(path[:-1]), offsets
 
 
+def batch_sources(trees: list[DraftTree]) -> np.ndarray:
+    """int8 [total draft nodes]: each draft node's source (DraftTree.source; 0 for trees without),
+    in the order of `batch_path_probs`."""
+    parts = [t.source[1:] if t.source is not None else np.zeros(t.num_draft, dtype=np.int8) for t in trees]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int8)
+
+
 def keep_prefixes(worth: np.ndarray, offsets: np.ndarray, row_cost: float) -> tuple[np.ndarray, np.ndarray]:
     """Per tree (nodes `worth[offsets[t]:offsets[t+1]]`): (int64 nodes kept, float their net
     gain in tokens). Kept = the longest prefix (in the tree's order, so the kept nodes are a tree)
@@ -85,7 +102,8 @@ def keep_prefixes(worth: np.ndarray, offsets: np.ndarray, row_cost: float) -> tu
 
 
 class DraftCalibration:
-    """Acceptance of drafted nodes by the drafter's path probability, per class.
+    """Acceptance of drafted nodes by the drafter's path probability, per class and node source
+    (DraftTree.source: one curve each; source 0 is also every node of a tree without sources).
 
     `bins`: equal-width path-probability bins over [0, 1]; `prior_weight`: pseudo-nodes per bin
     at the bin's centre rate (its prior); `window`: counts are halved when a bin has seen this
@@ -103,31 +121,56 @@ class DraftCalibration:
     def _bin(self, probs: np.ndarray) -> np.ndarray:
         return np.clip((np.asarray(probs, dtype=np.float64) * self.bins).astype(np.int64), 0, self.bins - 1)
 
-    def rates(self, cls: str) -> np.ndarray:
-        """float [bins]: each bin's acceptance rate for the class, non-decreasing in the bin
-        (computed once per class after each `observe`)."""
-        rates = self._rates.get(cls)
+    @staticmethod
+    def _key(cls: str, source: int) -> str:
+        return cls if source == 0 else f"{cls}/source{source}"
+
+    def rates(self, cls: str, source: int = 0) -> np.ndarray:
+        """float [bins]: each bin's acceptance rate for the class and node source, non-decreasing
+        in the bin (computed once per curve after each `observe`)."""
+        key = self._key(cls, int(source))
+        rates = self._rates.get(key)
         if rates is None:
-            counts = self._counts.get(cls)
+            counts = self._counts.get(key)
             if counts is None:
                 return self._prior
             verified, accepted = counts
             w = self.prior_weight
-            rates = self._rates[cls] = _monotone((accepted + w * self._prior) / (verified + w), verified + w)
+            rates = self._rates[key] = _monotone((accepted + w * self._prior) / (verified + w), verified + w)
         return rates
 
-    def worth(self, cls: str, probs: np.ndarray) -> np.ndarray:
-        """float [n]: expected acceptance of nodes rated `probs` (path probabilities)."""
-        return self.rates(cls)[self._bin(probs)]
+    def worth(self, cls: str, probs: np.ndarray, sources: np.ndarray | None = None) -> np.ndarray:
+        """float [n]: expected acceptance of nodes rated `probs` (path probabilities), from the
+        sources' curves (`sources`: int [n], DraftTree.source; None: all 0)."""
+        b = self._bin(probs)
+        if sources is None or not np.any(sources):
+            return self.rates(cls)[b]
+        sources = np.asarray(sources)
+        out = np.empty(b.size)
+        for src in np.unique(sources).tolist():
+            at = sources == src
+            out[at] = self.rates(cls, src)[b[at]]
+        return out
 
-    def observe(self, cls: str, probs: np.ndarray, accepted: np.ndarray) -> None:
-        """Verified nodes of one tree: their path probabilities and whether each was accepted."""
+    def observe(self, cls: str, probs: np.ndarray, accepted: np.ndarray,
+                sources: np.ndarray | None = None) -> None:
+        """Verified nodes: their path probabilities, whether each was accepted and (optional)
+        their sources."""
         if len(probs) == 0:
             return
-        counts = self._counts.get(cls)
+        if sources is not None and np.any(sources):
+            sources, probs, accepted = np.asarray(sources), np.asarray(probs), np.asarray(accepted)
+            for src in np.unique(sources).tolist():
+                at = sources == src
+                self._observe(self._key(cls, src), probs[at], accepted[at])
+        else:
+            self._observe(self._key(cls, 0), probs, accepted)
+
+    def _observe(self, key: str, probs: np.ndarray, accepted: np.ndarray) -> None:
+        counts = self._counts.get(key)
         if counts is None:
-            counts = self._counts[cls] = (np.zeros(self.bins), np.zeros(self.bins))
-        self._rates.pop(cls, None)
+            counts = self._counts[key] = (np.zeros(self.bins), np.zeros(self.bins))
+        self._rates.pop(key, None)
         verified, acc = counts
         b = self._bin(probs)
         np.add.at(verified, b, 1.0)
@@ -137,9 +180,9 @@ class DraftCalibration:
             verified[full] *= 0.5
             acc[full] *= 0.5
 
-    def observed(self, cls: str) -> np.ndarray:
-        """float [bins]: the class's (decayed) verified-node counts (zeros before any)."""
-        counts = self._counts.get(cls)
+    def observed(self, cls: str, source: int = 0) -> np.ndarray:
+        """float [bins]: the curve's (decayed) verified-node counts (zeros before any)."""
+        counts = self._counts.get(self._key(cls, int(source)))
         return counts[0].copy() if counts is not None else np.zeros(self.bins)
 
 

@@ -86,14 +86,16 @@ class DraftInputs:
 
 
 def split_flat_trees(tokens: np.ndarray, parents: np.ndarray, depth: np.ndarray, logprob: np.ndarray,
-                     score: np.ndarray, counts: np.ndarray) -> list[DraftTree]:
+                     score: np.ndarray, counts: np.ndarray, source: np.ndarray | None = None) -> list[DraftTree]:
     """DraftTrees from the C++ drafters' flat output: request i's block holds counts[i] + 1
-    root-first entries, parents local to the block (trusted: built by the C++ cores)."""
+    root-first entries, parents local to the block (trusted: built by the C++ cores); `source`
+    (int8, optional) says per node what rated it (DraftTree.source)."""
     trees, start = [], 0
     for count in np.asarray(counts).tolist():
         end = start + count + 1
         trees.append(DraftTree(tokens[start:end], parents[start:end], depth[start:end],
-                               logprob[start:end], score[start:end], validate=False))
+                               logprob[start:end], score[start:end], validate=False,
+                               source=None if source is None else source[start:end]))
         start = end
     return trees
 

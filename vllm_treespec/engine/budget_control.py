@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from vllm_treespec.budget import make_budget_policy
-from vllm_treespec.budget.confidence import GREEDY_CLASS, DraftCalibration, batch_path_probs
+from vllm_treespec.budget.confidence import GREEDY_CLASS, DraftCalibration, batch_path_probs, batch_sources
 from vllm_treespec.budget.gain import GainControl, GainDecision, GainRecord, decision_kind
 from vllm_treespec.budget.guard import SpeculationGuard
 from vllm_treespec.budget.reach import ReachCap
@@ -371,15 +371,16 @@ class BudgetControl:
         if drafted:
             trees = [proposal.trees[i] for i in drafted]
             probs, offsets = batch_path_probs(trees)
+            sources = batch_sources(trees)            # one calibration curve per node source
             depths = np.concatenate([t.depth[1:] for t in trees])
             states = [requests.state(req_ids[i]) for i in drafted]
             gain_records = [st.gain_record(self.gain) for st in states]
             if self.calibrate_score:             # the score decided by is the one calibrated
                 scores = self.gain.node_scores(gain_records, probs, depths, offsets)
-                worth = self.calibration.worth(GREEDY_CLASS, scores)
+                worth = self.calibration.worth(GREEDY_CLASS, scores, sources)
             else:                                # budget.gain.calibrate_score false: the rating is
                 scores = probs
-                worth = self.gain.node_scores(gain_records, self.calibration.worth(GREEDY_CLASS, probs),
+                worth = self.gain.node_scores(gain_records, self.calibration.worth(GREEDY_CLASS, probs, sources),
                                               depths, offsets)
             decisions = self.gain.decide_rated(gain_records, worth, offsets, self.gain.step_costs())
             for i, tree, st, decision, start in zip(drafted, trees, states, decisions, offsets.tolist()):
@@ -388,7 +389,7 @@ class BudgetControl:
                 if n < tree.num_draft:
                     proposal.trees[i] = tree.prefix(n)
                 if n:
-                    st.rated = scores[start:start + n]       # what the calibration learns from
+                    st.rated = (scores[start:start + n], sources[start:start + n])   # what calibration learns
         self._settle(caps, decided, records, rated, proposal, requests, req_ids)
 
     def _settle(self, caps: list[int], decided: dict[int, GainDecision | None], records: dict[int, GainRecord],
@@ -534,14 +535,16 @@ class BudgetControl:
         scheduled of each: it may cut a tree to a prefix), all of the step's trees in one update
         (per tree it was a few numpy calls per request and step)."""
         assert self.calibration is not None
-        trees, rated = [], []
+        trees, rated, sources = [], [], []
         for t, req_id in enumerate(req_ids):
             st = requests.get(req_id)
             if st is None or st.rated is None:
                 continue
-            probs, st.rated = st.rated, None
+            (probs, source), st.rated = st.rated, None
             trees.append(t)
-            rated.append(probs[:min(int(sizes[t]), probs.size)])
+            kept_here = min(int(sizes[t]), probs.size)
+            rated.append(probs[:kept_here])
+            sources.append(source[:kept_here])
         if not trees:
             return
         kept = np.fromiter((p.size for p in rated), dtype=np.int64, count=len(rated))
@@ -550,7 +553,7 @@ class BudgetControl:
         on_path = (nodes >= 1) & (nodes <= kept[:, None])
         accepted = np.zeros(int(kept.sum()), dtype=bool)
         accepted[(starts[:, None] + nodes - 1)[on_path]] = True
-        self.calibration.observe(GREEDY_CLASS, np.concatenate(rated), accepted)
+        self.calibration.observe(GREEDY_CLASS, np.concatenate(rated), accepted, np.concatenate(sources))
 
     def reach_means(self, requests: RequestTable) -> dict[str, float]:
         """Mean reach cap of the live requests of each sampling class (for stats and /metrics)."""

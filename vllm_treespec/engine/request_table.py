@@ -52,8 +52,8 @@ class RequestState:
     # its state in the budget rules (engine/budget_control.py), made on first use
     reach: ReachRecord | None = None    # budget.reach_floor: its acceptance counts by depth and cap
     gain: GainRecord | None = None      # budget.gain: its acceptance, probe schedule and class
-    rated: Any = None                   # budget.gain.confidence: float [n] path probabilities of its
-                                        # kept nodes (greedy requests only) until they are verified
+    rated: Any = None                   # budget.gain.confidence: (float [n] scores, int8 [n] sources)
+                                        # of its kept nodes (greedy requests only) until verified
     shadow: ShadowProbe | None = None   # budget.gain: its probe waiting for the tokens it samples
 
     def read_options(self, params: Any) -> None:

@@ -8,7 +8,10 @@ child (what greedy and top-k acceptance need).
 
 Arrays (numpy, length N+1): ``tokens`` int64, ``parents`` int64 (-1 at the root), ``depth`` int64
 (0 at the root), ``logprob`` float32 (the drafter's log-prob of the node's token given its path;
-0 at the root) and ``score`` float32 (the builder's cumulative score; 0 at the root). The
+0 at the root), ``score`` float32 (the builder's cumulative score; 0 at the root) and, where the
+drafter says what rated each node, ``source`` int8 (a drafter-defined class, 0 at the root; None
+otherwise: every node class 0), so that a calibration of the ratings can keep one curve per
+source (budget/confidence.py). The
 ancestor-or-self bitmask ``anc_mask`` is uint64 ``[N+1, ceil((N+1)/64)]``: bit j of row i (word
 j // 64, bit j % 64) is set iff node j is node i or one of its ancestors. It is computed lazily,
 because builders run every step and most callers only need tokens and parents.
@@ -52,15 +55,16 @@ def _as_int64(name: str, values) -> np.ndarray:
 class DraftTree:
     """One request's draft tree; see the module docstring for the layout and rules."""
 
-    __slots__ = ("tokens", "parents", "depth", "logprob", "score", "_anc")
+    __slots__ = ("tokens", "parents", "depth", "logprob", "score", "source", "_anc")
 
     def __init__(self, tokens: Sequence[int] | np.ndarray, parents: Sequence[int] | np.ndarray,
                  depth: Sequence[int] | np.ndarray | None = None,
                  logprob: Sequence[float] | np.ndarray | None = None,
-                 score: Sequence[float] | np.ndarray | None = None, *, validate: bool = True):
+                 score: Sequence[float] | np.ndarray | None = None, *, validate: bool = True,
+                 source: Sequence[int] | np.ndarray | None = None):
         if not validate:  # builders: arrays already have the right dtypes and shapes
             self.tokens, self.parents, self.depth = tokens, parents, depth
-            self.logprob, self.score = logprob, score
+            self.logprob, self.score, self.source = logprob, score, source
             self._anc = None
             return
         self.tokens = _as_int64("tokens", tokens)
@@ -75,6 +79,11 @@ class DraftTree:
                       else _as_int64("depth", depth))
         self.logprob = self._floats("logprob", logprob, n)
         self.score = self._floats("score", score, n)
+        self.source = None
+        if source is not None:
+            self.source = np.ascontiguousarray(source, dtype=np.int8)
+            if self.source.shape != (n,):
+                raise TreeValidationError(f"source must have shape ({n},), got {self.source.shape}")
         self._anc = None
         self.validate()
 
@@ -297,7 +306,8 @@ class DraftTree:
         if m == self.num_nodes:     # uncut (the usual case): trees are never modified in place
             return self
         t = DraftTree(self.tokens[:m].copy(), self.parents[:m].copy(), self.depth[:m].copy(),
-                      self.logprob[:m].copy(), self.score[:m].copy(), validate=False)
+                      self.logprob[:m].copy(), self.score[:m].copy(), validate=False,
+                      source=None if self.source is None else self.source[:m].copy())
         if self._anc is not None:
             t._anc = np.ascontiguousarray(self._anc[:m, :(m + 63) // 64])
         return t
@@ -344,4 +354,5 @@ class DraftTree:
         """Plain lists (for logs and JSON)."""
         return {"tokens": self.tokens.tolist(), "parents": self.parents.tolist(),
                 "depth": self.depth.tolist(), "logprob": self.logprob.tolist(),
-                "score": self.score.tolist()}
+                "score": self.score.tolist(),
+                **({} if self.source is None else {"source": self.source.tolist()})}
