@@ -33,7 +33,9 @@ most all of them; --waves and --num-prompts take one value or one per --concurre
 is mostly the server's drain, which continuous traffic does not have) and
 every server runs each batch in turn, the order rotating by one from batch to batch (the
 rotation runs on across cells and rounds), with an idle gap (--idle-gap, 1.5 s) after every
-turn. The gap is there because an idle vLLM server is not idle right after it served: its
+turn. Servers start in --configs order; `--start-order rotate` with --fresh-servers rotates it
+by one per lifetime, so that a server's place in the start order (which may decide where its
+memory lies) is shared out too (each server's `start_position` is recorded). The gap is there because an idle vLLM server is not idle right after it served: its
 shared-memory broadcast readers (vllm/distributed/device_communicators/shm_broadcast.py,
 SpinCondition, busy_loop_s=1) keep spinning for 1 s after their last read and would steal the
 next server's cores. Each turn is timed; a config's tokens/s in a cell is its output tokens over
