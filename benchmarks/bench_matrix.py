@@ -35,8 +35,9 @@ every server runs each batch in turn, the order rotating by one from batch to ba
 rotation runs on across cells and rounds), with an idle gap (--idle-gap, 1.5 s) after every
 turn. Servers start in --configs order; `--start-order rotate` with --fresh-servers rotates it
 by one per lifetime, so that a server's place in the start order (which may decide where its
-memory lies) is shared out too (each server's `start_position` is recorded). The gap is there because an idle vLLM server is not idle right after it served: its
-shared-memory broadcast readers (vllm/distributed/device_communicators/shm_broadcast.py,
+memory lies) is shared out too (each server's `start_position` is recorded). The gap is there
+because an idle vLLM server is not idle right after it served: its shared-memory broadcast
+readers (vllm/distributed/device_communicators/shm_broadcast.py,
 SpinCondition, busy_loop_s=1) keep spinning for 1 s after their last read and would steal the
 next server's cores. Each turn is timed; a config's tokens/s in a cell is its output tokens over
 its summed turn seconds, so machine drift hits every config of a batch alike. --rounds N repeats
@@ -621,6 +622,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--idle-gap and --temperatures must be >= 0")
     if len(set(ns.concurrency)) != len(ns.concurrency) or len(set(ns.temperatures)) != len(ns.temperatures):
         p.error("--concurrency and --temperatures must not repeat a value")
+    if ns.start_order == "rotate" and not ns.fresh_servers:
+        p.error("--start-order rotate needs --fresh-servers: without restarts every server starts once, "
+                "in --configs order")
     try:
         ns.prompts_for = per_concurrency(ns.num_prompts, ns.concurrency, "--num-prompts")
         ns.waves_for = per_concurrency(ns.waves, ns.concurrency, "--waves")

@@ -316,8 +316,9 @@ def prune_by_confidence(trees: list[Any], calibration: Any, row_cost: float, ste
     drafted = [i for i, t in enumerate(trees) if t.num_draft]
     if not drafted:
         return trees
-    probs, offsets = batch_path_probs([trees[i] for i in drafted])
-    sources = batch_sources([trees[i] for i in drafted]) if by_source else None
+    rated = [trees[i] for i in drafted]
+    probs, offsets = batch_path_probs(rated)
+    sources = batch_sources(rated) if by_source else None
     kept, net = keep_prefixes(calibration.worth(GREEDY_CLASS, probs, sources), offsets, row_cost)
     kept[net <= 0] = 0
     if net[kept > 0].sum() <= step_cost:

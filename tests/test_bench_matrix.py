@@ -143,6 +143,9 @@ def test_start_order():
     for pos in range(n):       # over n lifetimes every config starts once in every position
         assert sorted(o[pos] for o in rotated) == list(range(n))
     assert bm.parse_args(["--configs", "off"]).start_order == "given"
+    with pytest.raises(SystemExit):      # one lifetime: nothing to rotate, said rather than ignored
+        bm.parse_args(["--configs", "off", "--start-order", "rotate"])
+    assert bm.parse_args(["--configs", "off", "--fresh-servers", "--start-order", "rotate"]).start_order == "rotate"
     with pytest.raises(ValueError, match="start order"):
         bm.start_order(n, 0, "random")
 

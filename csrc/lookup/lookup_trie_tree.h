@@ -59,8 +59,9 @@ struct MixedNode {
 };
 
 // What rated a node (DraftTree.source): a match continuation and a trie guess rated alike are
-// not accepted alike (replayed on SmolLM2 chat, trie guesses rated 0.95-1 were accepted 14% of
-// the time, match continuations rated 0.80-0.85 56%), so the engine calibrates each apart.
+// not accepted alike (replayed on SmolLM2 chat at 8 requests, trie guesses rated 0.95-1 were
+// accepted 4% of the time, match continuations rated 0.80-0.85 64%:
+// benchmarks/results/replay_tau_sources_c8_smollm2-135m.json), so the engine calibrates each apart.
 constexpr int8_t kSourceMatch = 0;
 constexpr int8_t kSourceTrie = 1;
 
