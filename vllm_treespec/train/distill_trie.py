@@ -7,7 +7,7 @@ Counting the target's continuations of in-domain prompts gives the drafter those
 code-LM fixture the lookup-trie chain verifies 7.10 instead of 5.14 tokens per step with such a
 trie (budget 32) in the greedy replay of the held-out prompts
 (benchmarks/results/replay_tau_distilled_code-lm.json), and served it runs at 1.6x vLLM's
-`ngram` (docs/benchmarks.md section 1).
+`ngram` (benchmarks/results/bench_paired_ngram12_vs_lookup_trie_distilled_code-lm.json).
 
 Each prompt contributes its last `context` tokens followed by its continuation. The tail lets
 the first n-grams of the continuation carry their real context, and it keeps the counts about
