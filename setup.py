@@ -2,8 +2,12 @@
 
 `_C` (pybind11) is always built from csrc/ (everything but csrc/cuda/). The CUDA extension
 `_C_cuda` is built only when TREESPEC_BUILD_CUDA=1, because it needs nvcc and a CUDA torch at
-build time (install with --no-build-isolation then). The Triton kernels are the subpackage
-`vllm_treespec.kernels`.
+build time (install with --no-build-isolation then).
+
+Two top-level directories install as subpackages (PACKAGE_DIRS), so an operator's import paths
+do not depend on the checkout's layout: kernels/ (the Triton kernels and the CUDA extension's
+wrappers) is `vllm_treespec.kernels`, configs/ (drafter presets and budget tables) is
+`vllm_treespec.configs`, its YAML files package data.
 """
 import glob
 import os
@@ -29,6 +33,10 @@ VLLM_VERSION = _package_constant("SUPPORTED_VLLM_VERSION")
 # versions this package is tested with (torch: the 2.13.0 that vLLM 0.32.0 pins).
 RUNTIME_REQUIRES = ["numpy", "pyyaml", "torch>=2.13", "transformers>=5.16.1,<5.20", "safetensors>=0.6.2",
                     "tokenizers>=0.23.2", "tqdm", "prometheus_client>=0.18"]
+
+
+# import name -> source directory, for the packages that do not live under vllm_treespec/
+PACKAGE_DIRS = {"vllm_treespec.kernels": "kernels", "vllm_treespec.configs": "configs"}
 
 
 def cpp_sources() -> list[str]:
@@ -84,8 +92,9 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["vllm_treespec", "vllm_treespec.*"]),
-    package_data={"vllm_treespec": ["py.typed", "configs/*/*.yaml"]},
+    packages=find_packages(include=["vllm_treespec", "vllm_treespec.*"]) + sorted(PACKAGE_DIRS),
+    package_dir=PACKAGE_DIRS,
+    package_data={"vllm_treespec": ["py.typed"], "vllm_treespec.configs": ["*/*.yaml"]},
     ext_modules=extensions(),
     cmdclass={"build_ext": build_ext_class()},
     install_requires=RUNTIME_REQUIRES,

@@ -10,7 +10,7 @@ that split count, plus a cProfile of the wrapper.
 A/B against another version of the kernel module, timed alternately in one process, e.g. the
 rejected fused-merge variant:
 
-    cp vllm_treespec/kernels/tree_attention.py /tmp/fused.py
+    cp kernels/tree_attention.py /tmp/fused.py
     patch /tmp/fused.py benchmarks/variants/tree_attention_fused_merge.patch
     python benchmarks/profile_tree_launch.py --baseline /tmp/fused.py --out OUTDIR
 """

@@ -42,7 +42,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-PRESETS = ROOT / "vllm_treespec" / "configs"
+PRESETS = ROOT / "configs"
 CPU_DRAFTERS = ("prompt_lookup", "lookup_trie", "ngram_trie")
 BEST_FIRST_PREFETCH = 4          # drafters/draft_model.py: nodes expanded per draft-LM call
 
@@ -105,7 +105,7 @@ def _inline_configs() -> dict[str, Any]:
 
 def resolve_spec(row: dict[str, Any], inline: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     """(treespec dict, where it came from) of a replay row: its inline dict, a replay_tau inline
-    name, or a preset YAML under vllm_treespec/configs (drafters/NAME.yaml or NAME.yaml)."""
+    name, or a preset YAML under configs/ (drafters/NAME.yaml or NAME.yaml)."""
     spec = row.get("treespec")
     if isinstance(spec, dict):
         return spec, "row treespec"

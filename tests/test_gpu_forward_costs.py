@@ -128,7 +128,7 @@ def test_projection_hand_computed(tmp_path):
     assert lm["step_ms"] == pytest.approx(0.5 * 11 + 0.5 * 10 + 1.8)
     assert lm["speedup"] == pytest.approx(10 * 2 / 12.3)
     assert got[("lm", "eager")]["draft_ms"] == pytest.approx(3 * 2.0)
-    # CPU drafter: the record's own ms; preset resolved from vllm_treespec/configs
+    # CPU drafter: the record's own ms; preset resolved from configs/
     pl = got[("prompt-lookup", "cpu")]
     assert pl["drafter"] == "prompt_lookup" and pl["draft_ms"] == pytest.approx(0.5)
     assert pl["speedup"] == pytest.approx(10 * 4 / (12.0 + 0.5))

@@ -16,7 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-CITING_ROOTS = ("docs", "benchmarks", "vllm_treespec", "csrc", "tests", "scripts", "demo", ".ci")
+CITING_ROOTS = ("docs", "benchmarks", "vllm_treespec", "kernels", "configs", "csrc", "tests", "scripts", "demo", ".ci")
 CITING_TOP = ("README.md", "CHANGELOG.md", "Makefile", "setup.py", "pyproject.toml")
 TEXT_SUFFIXES = {".md", ".py", ".yaml", ".yml", ".h", ".hpp", ".cpp", ".cu", ".cuh", ".sh", ".toml", ".txt"}
 SKIP_DIRS = {"__pycache__", "build", "results", ".venv"}

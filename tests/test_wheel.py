@@ -78,6 +78,9 @@ def test_the_wheel_holds_no_lab_module(wheel):
     benchmarks/ or tests/ (and the listing is the real one: the package's own modules are there)."""
     names = zipfile.ZipFile(wheel).namelist()
     assert {"vllm_treespec/cli.py", "vllm_treespec/plugin.py", "vllm_treespec/verify/accept.py"} <= set(names)
+    # the top-level kernels/ and configs/ ship at their package paths
+    assert {"vllm_treespec/kernels/tree_attention.py", "vllm_treespec/configs/__init__.py",
+            "vllm_treespec/configs/drafters/lookup-online.yaml", "vllm_treespec/configs/budgets/cpu.yaml"} <= set(names)
     assert any(re.fullmatch(r"vllm_treespec/_C\..*\.so", n) for n in names), "no compiled extension"
     lab = [n for n in names if LAB_FILES.match(n)]
     assert not lab, f"lab modules in the wheel: {lab}"
@@ -94,10 +97,13 @@ def _outside(installed: Path, tmp_path: Path, *args: str, timeout: float = 300) 
 
 
 def test_the_wheel_is_imported_not_the_checkout(installed, tmp_path):
-    out = _outside(installed, tmp_path, "-c", "import vllm_treespec, vllm_treespec._C, vllm_treespec.kernels; "
-                                              "print(vllm_treespec.__file__)")
+    out = _outside(installed, tmp_path, "-c", "import vllm_treespec, vllm_treespec._C, vllm_treespec.kernels, "
+                                              "vllm_treespec.configs as c; print(vllm_treespec.__file__); "
+                                              "print(vllm_treespec.kernels.__file__); print(c.__file__)")
     assert out.returncode == 0, out.stderr[-2000:]
-    assert Path(out.stdout.strip()).is_relative_to(installed)
+    package, kernels, configs = (Path(line) for line in out.stdout.split())
+    assert package.is_relative_to(installed)
+    assert kernels.parent == configs.parent.parent / "kernels" == installed / "vllm_treespec" / "kernels"
 
 
 def test_every_shipped_preset_resolves_from_the_wheel(installed, tmp_path):
@@ -129,7 +135,7 @@ print(json.dumps(out))
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert Path(got["dir"]).is_relative_to(installed)
-    shipped = ROOT / "vllm_treespec" / "configs"
+    shipped = ROOT / "configs"
     assert sorted(got["ok"] + got["needs_file"]) == sorted(p.stem for p in (shipped / "drafters").glob("*.yaml"))
     assert set(got["ok"]) == {"prompt-lookup", "prompt-lookup-tree", "lookup-online"} and got["registered"] == []
     demo, fixture = got["lab"]

@@ -1,7 +1,7 @@
 """Shipped deployment presets: where they live, how a name or a path resolves, and `preset:` bases.
 
-The presets ship inside the package (`vllm_treespec/configs/`, read through importlib.resources),
-so a wheel install resolves them exactly as a source checkout does:
+The presets ship inside the package as `vllm_treespec.configs` (configs/ in the checkout, read
+through importlib.resources), so a wheel install resolves them exactly as a source checkout does:
 
 - `configs/drafters/NAME.yaml`: production presets, by name (`prompt-lookup`). Those whose drafter
   needs a file (a trie, a head checkpoint, a draft model) name none: they fail at startup with the
@@ -31,8 +31,9 @@ __all__ = ["configs_dir", "drafter_presets", "registered_presets", "budget_prese
 
 
 def configs_dir() -> Path:
-    """The packaged configs directory (a real directory: the package is installed unzipped)."""
-    return Path(str(resources.files("vllm_treespec") / "configs"))
+    """The packaged configs directory, `vllm_treespec.configs` (configs/ in the checkout; a real
+    directory: the package is installed unzipped)."""
+    return Path(str(resources.files("vllm_treespec.configs")))
 
 
 def _stems(sub: str) -> list[str]:

@@ -7,7 +7,7 @@ names its own files.
 Each model fixture is a Hugging Face-format directory (config.json, safetensors, tokenizer) that
 vLLM serves as is, in a cache outside the repository keyed by a hash of its recipe, so a changed
 recipe never reuses stale weights (`cache.py`). Config values `fixture:NAME` name them, and
-`demo/NAME` names the presets of vllm_treespec/configs/drafters on them (`demo/`).
+`demo/NAME` names the presets of configs/drafters on them (`demo/`).
 
 Importing this package enables both, here and in every process started afterwards (`enable`):
 the package resolves them through vllm_treespec.paths, which imports `treespec_fixtures.resolver`
