@@ -103,7 +103,8 @@ def test_the_wheel_is_imported_not_the_checkout(installed, tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     package, kernels, configs = (Path(line) for line in out.stdout.split())
     assert package.is_relative_to(installed)
-    assert kernels.parent == configs.parent.parent / "kernels" == installed / "vllm_treespec" / "kernels"
+    assert kernels == installed / "vllm_treespec" / "kernels" / "__init__.py"
+    assert configs == installed / "vllm_treespec" / "configs" / "__init__.py"
 
 
 def test_every_shipped_preset_resolves_from_the_wheel(installed, tmp_path):
