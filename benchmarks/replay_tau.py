@@ -38,13 +38,17 @@ each step hands over the rows committed since the previous one, as the engine do
     .venv/bin/python benchmarks/replay_tau.py --budgets 16 32 --configs jetspec-chain jetspec-best-first \
         jetspec-best-first-presto jetspec-beam-presto diffusion-chain diffusion-best-first \
         diffusion-best-first-presto diffusion-beam-presto
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/replay_tau.py --budgets 16 --num-prompts 4 \
+        --configs jetspec-best-first --profile 18                   # where a head drafter's step goes
 """
 from __future__ import annotations
 
 import treespec_fixtures  # noqa: F401  (fixture: paths and demo/ presets, here and in servers)
 import argparse
+import cProfile
 import hashlib
 import json
+import pstats
 import sys
 import time
 from pathlib import Path
@@ -99,6 +103,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--config-json", action="append", default=[], help="extra inline treespec config")
     p.add_argument("--output", type=Path, default=None, help="JSON record (default: print only)")
     p.add_argument("--ratings", action="store_true", help="print each config's rating table")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="cProfile each replay and print its N costliest functions (own time): where a "
+                        "drafter's step goes, without an engine around it")
     p.add_argument("--costs", type=float, nargs=2, metavar=("ROW", "STEP"), default=None,
                    help="a verified row's and a speculative step's cost in plain steps (one client): "
                         "prints the speedup they imply (served greedy c=1 on SmolLM2 fits about 0.05 0.12)")
@@ -468,11 +475,16 @@ def main(argv: list[str] | None = None) -> int:
             for (name, cfg), mode in ((c, m) for c in configs
                                       for m in (ns.calibration if c[1] not in VLLM_METHODS else ["source"])):
                 drafter, nodes, feats = make(cfg, budget)   # fresh: nothing learnt from another run
-                row = {"config": name, "budget": budget, "concurrency": concurrency,
-                       **replay(drafter, nodes, records, features=feats, concurrency=concurrency,
+                profiler = cProfile.Profile() if ns.profile else None
+                if profiler is not None:
+                    profiler.enable()
+                result = replay(drafter, nodes, records, features=feats, concurrency=concurrency,
                                 ratings=cfg not in VLLM_METHODS, costs=ns.costs,
                                 prune_margin=ns.prune_margin if cfg not in VLLM_METHODS else None,
-                                pooled=mode == "pooled"),
+                                pooled=mode == "pooled")
+                if profiler is not None:
+                    profiler.disable()
+                row = {"config": name, "budget": budget, "concurrency": concurrency, **result,
                        "treespec": None if cfg in VLLM_METHODS else cfg}
                 rows.append(row)
                 modeled = "" if row["modeled_speedup"] is None else f" {row['modeled_speedup']:7.3f}x"
@@ -480,6 +492,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{label:34s} {budget:6d} {concurrency:4d} {row['tau']:6.2f} "
                       f"{row['tokens_per_step']:8.2f} {row['mean_nodes']:6.1f} "
                       f"{row['draft_ms_per_step']:8.3f} {row['drafted_share']:6.2f}{modeled}", flush=True)
+                if profiler is not None:
+                    pstats.Stats(profiler).sort_stats("tottime").print_stats(ns.profile)
                 if ns.ratings:
                     for src, table in row["ratings_by_source"].items():
                         for r in table:

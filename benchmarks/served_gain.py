@@ -2,10 +2,9 @@
 with a chat template, answered to EOS) at a fixed concurrency and temperature, then its
 treespec_gain_* and tree series read from /metrics (docs/metrics.md).
 
-Why: probe_gain.py reads the controller in one offline process, where steps cost what they cost
-there; served, the engine core and the worker are separate processes and the step costs the
-controller fits are the served ones. For diagnosing decisions, not a speed comparison (no
-paired baseline: use bench_matrix.py).
+Why served: the engine core and the worker are separate processes there, and the step costs the
+controller fits are the served ones, not an offline engine's. For diagnosing decisions, not a
+speed comparison (no paired baseline: use bench_matrix.py).
 
     .venv/bin/python benchmarks/served_gain.py --config default:12 --temperature 0 --concurrency 8 \
         --output benchmarks/results/served_gain_t0_c8_code-lm.json

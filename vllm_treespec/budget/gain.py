@@ -282,10 +282,8 @@ class ClassAcceptance:
         """float [max_depth] conditional acceptance at each depth; None before any observation.
         A depth's prior is the rate estimated at the depth above it (the first depth's is
         `prior`): depths the class's drafts rarely reach (a 2-node probe never reaches depth 3)
-        are assumed to accept like the deepest ones observed, not at the optimistic constant,
-        which priced a sampled request's deep nodes at 0.8 each and had it held (its draft
-        paying by its own estimate, not the step's) at one sampled client for most steps
-        (`probe_gain_lookup_online_t07_c1_class_rates_code-lm.json`)."""
+        are assumed to accept like the deepest ones observed, not at an optimistic constant,
+        which would price a sampled request's deep nodes far above what they return."""
         counts = self._counts.get(cls)
         if counts is None:
             return None
