@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import treespec_fixtures  # noqa: F401  (fixture: paths and demo/ presets, here and in servers)
 import argparse
+import contextlib
 import cProfile
 import hashlib
 import json
@@ -476,14 +477,11 @@ def main(argv: list[str] | None = None) -> int:
                                       for m in (ns.calibration if c[1] not in VLLM_METHODS else ["source"])):
                 drafter, nodes, feats = make(cfg, budget)   # fresh: nothing learnt from another run
                 profiler = cProfile.Profile() if ns.profile else None
-                if profiler is not None:
-                    profiler.enable()
-                result = replay(drafter, nodes, records, features=feats, concurrency=concurrency,
-                                ratings=cfg not in VLLM_METHODS, costs=ns.costs,
-                                prune_margin=ns.prune_margin if cfg not in VLLM_METHODS else None,
-                                pooled=mode == "pooled")
-                if profiler is not None:
-                    profiler.disable()
+                with profiler or contextlib.nullcontext():
+                    result = replay(drafter, nodes, records, features=feats, concurrency=concurrency,
+                                    ratings=cfg not in VLLM_METHODS, costs=ns.costs,
+                                    prune_margin=ns.prune_margin if cfg not in VLLM_METHODS else None,
+                                    pooled=mode == "pooled")
                 row = {"config": name, "budget": budget, "concurrency": concurrency, **result,
                        "treespec": None if cfg in VLLM_METHODS else cfg}
                 rows.append(row)
